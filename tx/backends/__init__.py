@@ -1,0 +1,16 @@
+"""Trainers behind one protocol (`tx.backends.base.TrainingBackend`), chosen by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tx.backends.base import TrainingBackend
+
+
+def create_backend(name: str, models: dict[str, Path], *, device: str = "auto") -> TrainingBackend:
+    """Build the backend called `name`, importing its heavy library only now."""
+    if name == "torch":
+        from tx.backends.torch.backend import TorchBackend
+
+        return TorchBackend(models, device=device)
+    raise ValueError(f"unknown training backend {name!r}: choose 'torch' (jax is not available yet)")

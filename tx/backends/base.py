@@ -1,0 +1,84 @@
+"""The seam between the core and a trainer.
+
+Design / who owns what:
+
+- The core (`tx/core/`) owns ordering, futures, persistence and checkpoint paths. It calls a
+  backend from ONE training thread, one call at a time, so a backend needs no locking of its own.
+- A backend owns the models on its accelerator: one base model loaded once, shared by every
+  LoRA run (an "adapter") created on it, each run with its own optimizer and gradients.
+- Gradients accumulate across `forward_backward` calls until `optim_step`; `forward_only`
+  requests never touch them.
+- Checkpoint directories are chosen by the core; the backend only writes into (or reads from)
+  the directory it is given, which the core then moves into place atomically.
+- Every method raises `tx.types.UserError` for bad input (unknown loss, misshapen inputs,
+  tokens outside the vocabulary, sequences that are too long) with a message a user can act on.
+
+Backends are chosen by name through `tx.backends.create_backend`, which imports the heavy
+library (torch, jax) only when that backend is asked for.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tx.types import (
+    AdamParams,
+    BaseModelInfo,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    LoraConfig,
+    OptimStepResult,
+)
+
+
+class TrainingBackend(ABC):
+    @abstractmethod
+    def base_model_info(self, base_model: str) -> BaseModelInfo:
+        """Info on a served base model; NotFoundError if it is not served."""
+
+    @abstractmethod
+    def served_models(self) -> list[BaseModelInfo]:
+        """Every base model this backend serves."""
+
+    @abstractmethod
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+        """Create a fresh LoRA run `model_id` on `base_model` (seeded by `lora.seed`)."""
+
+    @abstractmethod
+    def has_model(self, model_id: str) -> bool:
+        """Whether `model_id` is loaded in this process."""
+
+    @abstractmethod
+    def delete_model(self, model_id: str) -> None:
+        """Drop a run's adapter, gradients and optimizer state."""
+
+    @abstractmethod
+    def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
+        """Run the loss on every datum; accumulate gradients unless `batch.forward_only`."""
+
+    @abstractmethod
+    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+        """Apply AdamW with the accumulated gradients, then zero them."""
+
+    @abstractmethod
+    def save_state(self, model_id: str, directory: Path) -> None:
+        """Write the adapter weights, the LoRA config and the optimizer state into `directory`."""
+
+    @abstractmethod
+    def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
+        """Load a `save_state` directory into the existing run `model_id`."""
+
+    @abstractmethod
+    def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
+        """(base_model, lora config) recorded in a `save_state` directory."""
+
+    @abstractmethod
+    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
+        """Write a standard PEFT adapter directory (adapter_config.json + safetensors)."""
+
+    @abstractmethod
+    def iter_trainable_weights(self, model_id: str) -> Iterator[tuple[str, Any]]:
+        """(name, tensor) of the run's trainable weights, named as in its PEFT adapter files."""

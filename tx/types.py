@@ -1,0 +1,208 @@
+"""The domain's own types, shared by every layer below the HTTP API.
+
+Three type families are kept apart in tx:
+
+- wire schemas (`tx/api/wire/`) mirror the tinker SDK exactly, optionals and all;
+- these domain types carry what the core, the trainer and the engines need, already
+  validated, with numpy arrays instead of wire encodings;
+- database rows (`tx/store/`) are separate again.
+
+The API layer converts wire -> domain explicitly; nothing below it sees a wire object.
+Tensors are numpy arrays: int64 for token ids, float32 for everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Union
+
+import numpy as np
+
+
+class UserError(ValueError):
+    """Bad input from a user: reported with category "user" (or a 4xx), never retried."""
+
+
+class NotFoundError(LookupError):
+    """A resource the caller named does not exist, or does not belong to the caller."""
+
+
+class ConflictError(RuntimeError):
+    """The request conflicts with the current state (e.g. a checkpoint name already taken)."""
+
+
+class ErrorCategory(str, Enum):
+    USER = "user"
+    SERVER = "server"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    tokens: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class ImageChunk:
+    """Raw image bytes (already base64-decoded) as sent by the client."""
+
+    data: bytes
+    format: str
+    expected_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ImageAssetPointer:
+    location: str
+    format: str
+    expected_tokens: int | None = None
+
+
+Chunk = Union[TextChunk, ImageChunk, ImageAssetPointer]
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    chunks: tuple[Chunk, ...]
+
+    @classmethod
+    def from_tokens(cls, tokens: list[int] | tuple[int, ...]) -> ModelInput:
+        return cls(chunks=(TextChunk(tuple(int(t) for t in tokens)),))
+
+    @property
+    def has_images(self) -> bool:
+        return any(not isinstance(c, TextChunk) for c in self.chunks)
+
+    def text_tokens(self) -> list[int]:
+        """All tokens of a text-only input; a UserError if it holds images."""
+        if self.has_images:
+            raise UserError("this model takes text only: the input holds image chunks")
+        return [t for c in self.chunks for t in c.tokens]  # type: ignore[union-attr]
+
+
+@dataclass
+class Datum:
+    model_input: ModelInput
+    loss_fn_inputs: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 32
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+    def validate(self) -> None:
+        if not 1 <= self.rank <= 1024:
+            raise UserError(f"lora rank must be in [1, 1024], got {self.rank}")
+        if not (self.train_attn or self.train_mlp or self.train_unembed):
+            raise UserError("at least one of train_attn, train_mlp, train_unembed must be true")
+
+
+@dataclass(frozen=True)
+class AdamParams:
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+    def validate(self) -> None:
+        if not self.learning_rate >= 0:
+            raise UserError(f"learning_rate must be >= 0, got {self.learning_rate}")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise UserError(f"{name} must be in [0, 1), got {value}")
+        if not self.eps > 0:
+            raise UserError(f"eps must be > 0, got {self.eps}")
+        if not self.weight_decay >= 0:
+            raise UserError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.grad_clip_norm >= 0:
+            raise UserError(f"grad_clip_norm must be >= 0 (0 = off), got {self.grad_clip_norm}")
+
+
+@dataclass
+class ForwardBackwardInput:
+    data: list[Datum]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str] = field(default_factory=dict)
+    forward_only: bool = False
+
+
+@dataclass
+class ForwardBackwardResult:
+    """Per-datum outputs (name -> array, e.g. "logprobs") and `name:reduction` metrics."""
+
+    loss_fn_outputs: list[dict[str, np.ndarray]]
+    metrics: dict[str, float]
+    loss_fn_output_type: str = "TensorData"
+
+
+@dataclass
+class OptimStepResult:
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BaseModelInfo:
+    """What the server tells clients about a base model it serves."""
+
+    name: str
+    arch: str
+    tokenizer_id: str
+    vocab_size: int
+    max_context_length: int
+
+
+class StopReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    stop_at_eos: bool = True
+
+
+@dataclass(frozen=True)
+class SampleRequest:
+    prompt: ModelInput
+    num_samples: int
+    params: SamplingParams
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0
+    prompt_logprobs_last_n: int | None = None
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: StopReason
+
+
+@dataclass
+class SampleResult:
+    """`prompt_logprobs` has one entry per prompt position, NaN where there is none (position 0,
+    or positions before `prompt_logprobs_last_n`). `topk_prompt_logprobs` is (token_ids, logprobs),
+    each of shape [len(prompt), k], when asked for."""
+
+    sequences: list[SampledSequence]
+    prompt_logprobs: np.ndarray | None = None
+    topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
