@@ -1,0 +1,35 @@
+"""API keys -> principals.
+
+The SDK sends `X-API-Key: tml-...` on every request. With keys configured, only those keys are
+accepted. With none configured (allowed only on loopback, see `tx.config`), any key with the
+`tml-` prefix is accepted and acts as its own tenant. Resources belong to the key that made them:
+the owner is a hash of the key, so raw keys are never stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+from fastapi import HTTPException, Request
+
+
+@dataclass(frozen=True)
+class Principal:
+    owner: str
+
+
+class KeyChecker:
+    def __init__(self, api_keys: list[str]) -> None:
+        self._keys = [k.encode() for k in api_keys]
+
+    def __call__(self, request: Request) -> Principal:
+        key = request.headers.get("x-api-key", "")
+        if not key:
+            raise HTTPException(401, "missing X-API-Key header")
+        if not key.startswith("tml-"):
+            raise HTTPException(401, "invalid API key: keys start with 'tml-'")
+        if self._keys and not any(hmac.compare_digest(key.encode(), k) for k in self._keys):
+            raise HTTPException(401, "invalid API key")
+        return Principal(owner=hashlib.sha256(key.encode()).hexdigest()[:32])

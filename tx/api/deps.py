@@ -1,0 +1,24 @@
+"""FastAPI dependencies shared by the routes: the service context and the caller."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request
+
+from tx.api.auth import Principal
+
+if TYPE_CHECKING:
+    from tx.api.app import Context
+
+
+def get_ctx(request: Request) -> Context:
+    return request.app.state.ctx
+
+
+def get_principal(request: Request) -> Principal:
+    return request.app.state.key_checker(request)
+
+
+Ctx = Annotated["Context", Depends(get_ctx)]
+Caller = Annotated[Principal, Depends(get_principal)]

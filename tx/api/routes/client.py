@@ -1,0 +1,46 @@
+"""Client bootstrap and server facts: client/config, healthz, capabilities, telemetry."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter
+
+from tx.api.deps import Caller, Ctx
+from tx.api.wire.rest_schemas import GetServerCapabilitiesResponse, HealthResponse, SupportedModel
+from tx.api.wire.schemas import (
+    ClientConfigRequest,
+    ClientConfigResponse,
+    TelemetryResponse,
+    TelemetrySendRequest,
+)
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["client"])
+
+
+@router.post("/client/config")
+async def client_config(body: ClientConfigRequest, ctx: Ctx, _: Caller) -> ClientConfigResponse:
+    return ClientConfigResponse(proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd)
+
+
+@router.get("/healthz")
+async def healthz() -> HealthResponse:
+    return HealthResponse()
+
+
+@router.get("/get_server_capabilities")
+async def capabilities(ctx: Ctx, _: Caller) -> GetServerCapabilitiesResponse:
+    models = [
+        SupportedModel(
+            model_name=m.name, max_context_length=m.max_context_length, trainable=True, sampleable=True
+        )
+        for m in ctx.backend.served_models()
+    ]
+    return GetServerCapabilitiesResponse(supported_models=models)
+
+
+@router.post("/telemetry")
+async def telemetry(body: TelemetrySendRequest, _: Caller) -> TelemetryResponse:
+    logger.debug("telemetry: %d events from session %s", len(body.events), body.session_id)
+    return TelemetryResponse()

@@ -1,0 +1,80 @@
+"""retrieve_future: a long-poll that answers with the result, a failure, or try_again."""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel
+
+from tx.api.deps import Caller, Ctx
+from tx.api.wire.codec import encode_forward_backward_output, encode_sample_response
+from tx.api.wire.schemas import (
+    CreateModelResponse,
+    LoadWeightsResponse,
+    OptimStepResponse,
+    RequestFailedResponse,
+    RetrieveFutureRequest,
+    SaveWeightsForSamplerResponse,
+    SaveWeightsResponse,
+    TryAgainResponse,
+)
+from tx.core.results import CheckpointSaved, ModelCreated, SamplerSaved, WeightsLoaded
+from tx.types import ForwardBackwardResult, OptimStepResult, SampleResult
+
+router = APIRouter(tags=["futures"])
+PROTOBUF = "application/x-protobuf"
+
+
+@router.post("/retrieve_future")
+async def retrieve_future(body: RetrieveFutureRequest, ctx: Ctx, caller: Caller) -> Response:
+    future = await ctx.futures.wait(body.request_id, caller.owner, ctx.settings.long_poll_s)
+    if not future.done:
+        return _json(TryAgainResponse(request_id=future.request_id))
+    if future.failure is not None:
+        return _json(RequestFailedResponse(error=future.failure.message, category=future.failure.category))
+    return encode_result(future.result)
+
+
+def _json(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(exclude_none=True), media_type="application/json")
+
+
+@singledispatch
+def encode_result(result: object) -> Response:
+    raise TypeError(f"no wire encoding for result type {type(result).__name__}")
+
+
+@encode_result.register
+def _(result: ForwardBackwardResult) -> Response:
+    return Response(encode_forward_backward_output(result), media_type=PROTOBUF)
+
+
+@encode_result.register
+def _(result: SampleResult) -> Response:
+    return Response(encode_sample_response(result), media_type=PROTOBUF)
+
+
+@encode_result.register
+def _(result: ModelCreated) -> Response:
+    return _json(CreateModelResponse(model_id=result.model_id))
+
+
+@encode_result.register
+def _(result: OptimStepResult) -> Response:
+    return _json(OptimStepResponse(metrics=result.metrics))
+
+
+@encode_result.register
+def _(result: CheckpointSaved) -> Response:
+    return _json(SaveWeightsResponse(path=result.path))
+
+
+@encode_result.register
+def _(result: SamplerSaved) -> Response:
+    return _json(SaveWeightsForSamplerResponse(path=result.path, sampling_session_id=result.sampling_session_id))
+
+
+@encode_result.register
+def _(result: WeightsLoaded) -> Response:
+    return _json(LoadWeightsResponse(path=result.path, model_id=result.model_id))

@@ -1,0 +1,93 @@
+"""The `tx` command: `tx serve`, `tx models make-tiny`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+logger = logging.getLogger("tx")
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the Tinker-compatible API server")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to bind (default 8000; 0 = any free port)")
+    p.add_argument("--data-dir", type=Path, help="checkpoints, store and models (default ~/.tx)")
+    p.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the data directory)")
+    p.add_argument(
+        "--base-model", action="append", dest="base_models",
+        help="a local model directory or a hub id in the HF cache; repeatable "
+        "(default: the built-in tiny model)",
+    )
+    p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
+    p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
+    p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
+
+
+def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer for offline use")
+    p.add_argument("name", help="hub name to file it under, e.g. Qwen/Qwen3-8B")
+    p.add_argument("--hf-home", type=Path, help="HF home to write into (default $HF_HOME or ~/.cache/huggingface)")
+    p.add_argument("--out", type=Path, help="write to this plain directory instead of an HF cache")
+    p.add_argument("--preset", default="tiny", help="tiny (default) or bench (~21M parameters)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tx", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    models = sub.add_parser("models", help="model files").add_subparsers(dest="models_command", required=True)
+    _make_tiny_parser(models)
+    return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from tx.api.app import create_app
+    from tx.config import Settings
+
+    overrides = {
+        k: v for k, v in vars(args).items() if v is not None and k not in ("command", "func")
+    }
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"tx serve: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    logger.info("tx listening on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75)
+    return 0
+
+
+def make_tiny(args: argparse.Namespace) -> int:
+    from tx.models import write_tiny_text_model, write_to_hf_cache
+
+    if args.out is not None:
+        path = write_tiny_text_model(args.out, preset=args.preset, seed=args.seed)
+    else:
+        hf_home = args.hf_home or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+        path = write_to_hf_cache(args.name, hf_home, preset=args.preset, seed=args.seed)
+    print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tx.logging import init_logging
+
+    init_logging()
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return make_tiny(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""One typed settings object for the whole server.
+
+Values come from, in order of precedence: CLI flags (`tx serve --flag`), `TX_*` environment
+variables, then the defaults below. The CLI only fills fields of this object; there is no other
+way to configure tx.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "tiny-qwen3"
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".tx"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TX_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address the API binds.")
+    port: int = Field(8000, ge=0, le=65535, description="Port the API binds (0 = any free port).")
+    data_dir: Path = Field(default_factory=default_data_dir, description="Checkpoints, store, models.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default a SQLite file in the data directory."
+    )
+    base_models: list[str] = Field(
+        default_factory=list,
+        description="Base models to serve: local directories or hub ids in the HF cache. "
+        f"Empty = the built-in offline model {DEFAULT_MODEL!r}.",
+    )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description="Accepted API keys (each must start with 'tml-'). Empty = any 'tml-' key, "
+        "allowed only when bound to loopback.",
+    )
+    backend: str = Field("torch", description="Training backend.")
+    device: str = Field("auto", description="Training device: auto, cpu, cuda, cuda:N.")
+    long_poll_s: float = Field(30.0, gt=0, le=40, description="How long retrieve_future holds a poll.")
+    seq_gap_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="How long a model's queue waits for a missing seq_id before skipping it.",
+    )
+    future_ttl_s: float = Field(3600.0, gt=0, description="How long finished results are kept.")
+    proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
+    max_request_bytes: int = Field(200 << 20, gt=0, description="Largest accepted request body.")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_have_prefix(cls, keys: list[str]) -> list[str]:
+        for key in keys:
+            if not key.startswith("tml-"):
+                raise ValueError("every API key must start with 'tml-' (the tinker SDK requires it)")
+        return keys
+
+    @model_validator(mode="after")
+    def _refuse_open_public_bind(self) -> Settings:
+        if not self.api_keys and not is_loopback(self.host):
+            raise ValueError(
+                f"binding {self.host} needs API keys: set TX_API_KEYS or --api-key "
+                "(any 'tml-' key is accepted only on loopback)"
+            )
+        return self
+
+    @property
+    def store_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'tx.db'}"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.data_dir / "checkpoints"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,123 @@
+"""Checkpoint paths and their on-disk layout, with atomic writes.
+
+A checkpoint is named `tinker://<run_id>/<kind>/<name>` and lives in
+`<checkpoints_dir>/<run_id>/<kind>/<name>/`. It is written into a temporary sibling directory,
+flushed to disk, and renamed into place, so a crash never leaves a half-written checkpoint under
+a real name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tx.types import UserError
+
+KINDS = ("weights", "sampler_weights")
+CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
+
+
+@dataclass(frozen=True)
+class TinkerPath:
+    run_id: str
+    kind: str
+    name: str
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+    def __str__(self) -> str:
+        return f"tinker://{self.run_id}/{self.kind}/{self.name}"
+
+    @classmethod
+    def parse(cls, path: str) -> TinkerPath:
+        if not path.startswith("tinker://"):
+            raise UserError(f"not a tinker path (expected tinker://<run>/<kind>/<name>): {path!r}")
+        parts = path[len("tinker://"):].split("/")
+        if len(parts) != 3 or not all(parts):
+            raise UserError(f"malformed tinker path (expected tinker://<run>/<kind>/<name>): {path!r}")
+        run_id, kind, name = parts
+        if kind not in KINDS:
+            raise UserError(f"unknown checkpoint kind {kind!r} in {path!r}; expected one of {KINDS}")
+        validate_name(name)
+        return cls(run_id, kind, name)
+
+
+def validate_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise UserError(
+            f"invalid checkpoint name {name!r}: use 1-200 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+
+
+class CheckpointFiles:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def directory(self, path: TinkerPath) -> Path:
+        return self.root / _safe(path.run_id) / path.kind / path.name
+
+    def write(self, path: TinkerPath, writer: Callable[[Path], None], *, overwrite: bool) -> int:
+        """Run `writer(tmp_dir)`, then move the result into place atomically. Returns its size."""
+        final = self.directory(path)
+        if final.exists() and not overwrite:
+            raise UserError(f"checkpoint {path} already exists (pass overwrite=True to replace it)")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            writer(tmp)
+            _fsync_tree(tmp)
+            if final.exists():
+                trash = final.parent / f".old-{path.name}-{uuid.uuid4().hex[:8]}"
+                os.replace(final, trash)
+                os.replace(tmp, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(final.parent)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return tree_size(final)
+
+    def delete(self, path: TinkerPath) -> None:
+        shutil.rmtree(self.directory(path), ignore_errors=True)
+
+    def require(self, path: TinkerPath) -> Path:
+        directory = self.directory(path)
+        if not directory.is_dir():
+            raise UserError(f"checkpoint {path} has no files on this server")
+        return directory
+
+
+def tree_size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def _safe(run_id: str) -> str:
+    if "/" in run_id or run_id in ("", ".", ".."):
+        raise UserError(f"invalid training run id {run_id!r}")
+    return run_id
+
+
+def _fsync_tree(directory: Path) -> None:
+    for p in directory.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,171 @@
+"""The training thread and the per-model queues it drains in seq_id order.
+
+Every backend call runs on one thread, so the accelerator is used by one pass at a time and
+backends need no locks. Each model has a queue keyed by `seq_id`; a job runs only when its
+`seq_id` is the next one expected for its model. Models take turns, one job each.
+
+Gap policy: when a model's next `seq_id` has not arrived but later ones are waiting (a
+submission the client gave up on), the queue waits `gap_timeout_s`, then skips to the lowest
+waiting `seq_id` and logs a warning. A request that arrives after its turn was skipped fails with
+a user error saying so; it is never run out of order.
+
+Unsequenced jobs (model creation, create-from-checkpoint) run in arrival order, before any
+sequenced job that is ready at the same moment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tx.core.futures import Future, FutureRegistry
+from tx.types import ConflictError, ErrorCategory, NotFoundError, UserError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    future: Future
+    fn: Callable[[], Any]
+    before: Callable[[], None] | None = None  # e.g. put colocated engines to sleep
+
+
+@dataclass
+class ModelQueue:
+    next_seq: int = 1
+    pending: dict[int, Job] = field(default_factory=dict)
+    blocked_since: float | None = None
+
+
+class Scheduler:
+    def __init__(self, futures: FutureRegistry, gap_timeout_s: float) -> None:
+        self._futures = futures
+        self._gap_timeout_s = gap_timeout_s
+        self._queues: dict[str, ModelQueue] = {}
+        self._unsequenced: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._turn = 0
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="tx-training", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+
+    def add_model(self, model_id: str, next_seq: int = 1) -> None:
+        with self._cond:
+            self._queues.setdefault(model_id, ModelQueue(next_seq=next_seq))
+
+    def remove_model(self, model_id: str) -> None:
+        with self._cond:
+            queue = self._queues.pop(model_id, None)
+        for job in (queue.pending.values() if queue else ()):
+            self._futures.fail(job.future, f"model {model_id!r} was removed", ErrorCategory.USER)
+
+    def has_model(self, model_id: str) -> bool:
+        with self._cond:
+            return model_id in self._queues
+
+    def submit_unsequenced(self, job: Job) -> None:
+        with self._cond:
+            self._unsequenced.append(job)
+            self._cond.notify_all()
+
+    def submit(self, model_id: str, seq_id: int, job: Job) -> None:
+        with self._cond:
+            queue = self._queues.get(model_id)
+            if queue is None:
+                error: str | None = f"model {model_id!r} is not loaded"
+            elif seq_id < queue.next_seq:
+                error = (
+                    f"seq_id {seq_id} of model {model_id!r} arrived after its turn was skipped "
+                    f"(the queue is at {queue.next_seq}); it was not run"
+                )
+            elif seq_id in queue.pending:
+                error = f"seq_id {seq_id} of model {model_id!r} is already queued"
+            else:
+                error = None
+                queue.pending[seq_id] = job
+                self._cond.notify_all()
+        if error is not None:
+            self._futures.fail(job.future, error, ErrorCategory.USER)
+
+    def queue_depth(self, model_id: str) -> int:
+        with self._cond:
+            queue = self._queues.get(model_id)
+            return len(queue.pending) if queue else 0
+
+    # -- the training thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                job = self._next_job()
+                while job is None and not self._stopping:
+                    self._cond.wait(timeout=self._wait_time())
+                    job = self._next_job()
+                if job is None:
+                    return
+            self._execute(job)
+
+    def _next_job(self) -> Job | None:
+        if self._unsequenced:
+            return self._unsequenced.popleft()
+        models = list(self._queues)
+        now = time.monotonic()
+        for offset in range(len(models)):
+            model_id = models[(self._turn + offset) % len(models)]
+            job = self._take_ready(model_id, self._queues[model_id], now)
+            if job is not None:
+                self._turn = (self._turn + offset + 1) % max(len(models), 1)
+                return job
+        return None
+
+    def _take_ready(self, model_id: str, queue: ModelQueue, now: float) -> Job | None:
+        if not queue.pending:
+            queue.blocked_since = None
+            return None
+        if queue.next_seq not in queue.pending:
+            if queue.blocked_since is None:
+                queue.blocked_since = now
+            if now - queue.blocked_since < self._gap_timeout_s:
+                return None
+            skipped_to = min(queue.pending)
+            logger.warning(
+                "model %s: seq_id %d never arrived within %.0fs; skipping to %d",
+                model_id, queue.next_seq, self._gap_timeout_s, skipped_to,
+            )
+            queue.next_seq = skipped_to
+        queue.blocked_since = None
+        job = queue.pending.pop(queue.next_seq)
+        queue.next_seq += 1
+        return job
+
+    def _wait_time(self) -> float | None:
+        blocked = [q.blocked_since for q in self._queues.values() if q.blocked_since is not None]
+        if not blocked:
+            return None
+        return max(0.01, min(blocked) + self._gap_timeout_s - time.monotonic())
+
+    def _execute(self, job: Job) -> None:
+        try:
+            if job.before is not None:
+                job.before()
+            result = job.fn()
+        except (UserError, NotFoundError, ConflictError) as exc:
+            self._futures.fail(job.future, str(exc), ErrorCategory.USER)
+        except Exception as exc:  # noqa: BLE001 - any other failure is the server's
+            logger.exception("%s %s failed", job.future.kind, job.future.request_id)
+            self._futures.fail(job.future, f"{type(exc).__name__}: {exc}", ErrorCategory.SERVER)
+        else:
+            self._futures.resolve(job.future, result)

@@ -1,0 +1,350 @@
+"""The use cases the routes call: sessions, training runs and their checkpoints.
+
+Validation that needs no trainer happens here, at submission, so bad input fails fast with a
+4xx. Work that needs the trainer becomes a job on the training thread and resolves a future.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from tx.backends.base import TrainingBackend
+from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_name
+from tx.core.futures import Future, FutureRegistry
+from tx.core.results import CheckpointSaved, ModelCreated, SamplerSaved, WeightsLoaded
+from tx.core.scheduler import Job, Scheduler
+from tx.store.store import Store
+from tx.store.tables import CheckpointRow, SamplingSessionRow, SessionRow, TrainingRunRow
+from tx.types import (
+    AdamParams,
+    BaseModelInfo,
+    ForwardBackwardInput,
+    LoraConfig,
+    NotFoundError,
+    UserError,
+)
+
+logger = logging.getLogger(__name__)
+
+MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600
+
+
+def model_id_for(session_id: str, model_seq_id: int) -> str:
+    return f"{session_id}:train:{model_seq_id}"
+
+
+def sampler_id_for(session_id: str, sampling_session_seq_id: int) -> str:
+    return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+class TrainingService:
+    def __init__(
+        self,
+        store: Store,
+        backend: TrainingBackend,
+        futures: FutureRegistry,
+        scheduler: Scheduler,
+        files: CheckpointFiles,
+        before_training: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.backend = backend
+        self.futures = futures
+        self.scheduler = scheduler
+        self.files = files
+        self._before_training = before_training
+
+    # -- sessions ---------------------------------------------------------------------------
+    def create_session(
+        self, owner: str, sdk_version: str | None, tags: list[str], user_metadata: dict[str, Any]
+    ) -> str:
+        session_id = uuid.uuid4().hex
+        self.store.create_session(
+            SessionRow(
+                session_id=session_id,
+                owner=owner,
+                sdk_version=sdk_version,
+                tags=tags,
+                user_metadata=user_metadata,
+            )
+        )
+        return session_id
+
+    def _live_session(self, session_id: str, owner: str) -> SessionRow:
+        row = self.store.get_session(session_id, owner)
+        if row.finished_at is not None:
+            raise UserError(f"session {session_id!r} is finished; start a new ServiceClient")
+        return row
+
+    # -- models -----------------------------------------------------------------------------
+    def create_model(
+        self,
+        owner: str,
+        session_id: str,
+        model_seq_id: int,
+        base_model: str,
+        lora: LoraConfig,
+        user_metadata: dict[str, Any] | None,
+    ) -> Future:
+        self._live_session(session_id, owner)
+        lora.validate()
+        self._base_model(base_model)
+        model_id = model_id_for(session_id, model_seq_id)
+        future, created = self.futures.create(owner, "CreateModel", ("model", model_id))
+        if not created:
+            return future
+
+        def run() -> ModelCreated:
+            self.backend.create_model(model_id, base_model, lora)
+            self._record_run(model_id, session_id, owner, base_model, lora, user_metadata)
+            return ModelCreated(model_id)
+
+        self.scheduler.add_model(model_id)
+        self.scheduler.submit_unsequenced(Job(future, run))
+        return future
+
+    def load_into_new_model(
+        self, owner: str, session_id: str, model_seq_id: int, path: str, with_optimizer: bool
+    ) -> Future:
+        """create_training_client_from_state[_with_optimizer]: a new run from a checkpoint."""
+        self._live_session(session_id, owner)
+        source = self._owned_checkpoint(owner, path, kinds=("weights",))
+        model_id = model_id_for(session_id, model_seq_id)
+        future, created = self.futures.create(owner, "LoadWeights", ("model", model_id))
+        if not created:
+            return future
+        source_run = self.store.get_run(source.run_id, owner)
+
+        def run() -> WeightsLoaded:
+            directory = self.files.require(source)
+            base_model, lora = self.backend.read_state_config(directory)
+            self.backend.create_model(model_id, base_model, lora)
+            self.backend.load_state(model_id, directory, with_optimizer=with_optimizer)
+            self._record_run(model_id, session_id, owner, base_model, lora, source_run.user_metadata)
+            return WeightsLoaded(path=str(source), model_id=model_id)
+
+        self.scheduler.add_model(model_id)
+        self.scheduler.submit_unsequenced(Job(future, run))
+        return future
+
+    def _record_run(
+        self,
+        model_id: str,
+        session_id: str,
+        owner: str,
+        base_model: str,
+        lora: LoraConfig,
+        user_metadata: dict[str, Any] | None,
+    ) -> None:
+        self.store.create_run(
+            TrainingRunRow(
+                run_id=model_id,
+                session_id=session_id,
+                owner=owner,
+                base_model=base_model,
+                lora_rank=lora.rank,
+                lora_config=asdict(lora),
+                user_metadata=user_metadata,
+            )
+        )
+
+    def model_info(self, owner: str, model_id: str) -> tuple[TrainingRunRow, BaseModelInfo]:
+        run = self.store.get_run(model_id, owner)
+        return run, self._base_model(run.base_model)
+
+    def _base_model(self, base_model: str) -> BaseModelInfo:
+        try:
+            return self.backend.base_model_info(base_model)
+        except NotFoundError:
+            served = ", ".join(m.name for m in self.backend.served_models())
+            raise UserError(f"base model {base_model!r} is not served here; served: {served}") from None
+
+    # -- sequenced training operations ------------------------------------------------------
+    def forward_backward(
+        self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput
+    ) -> Future:
+        kind = "Forward" if batch.forward_only else "ForwardBackward"
+        before = None if batch.forward_only else self._before_training
+        return self._sequenced(
+            owner, model_id, seq_id, kind, lambda: self.backend.forward_backward(model_id, batch), before
+        )
+
+    def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
+        adam.validate()
+        return self._sequenced(
+            owner, model_id, seq_id, "OptimStep", lambda: self.backend.optim_step(model_id, adam),
+            self._before_training,
+        )
+
+    def save_weights(
+        self, owner: str, model_id: str, seq_id: int, name: str, ttl_s: int | None, overwrite: bool,
+        user_metadata: dict[str, Any] | None,
+    ) -> Future:
+        path = self._new_checkpoint_path(model_id, "weights", name, ttl_s)
+
+        def run() -> CheckpointSaved:
+            self._write_checkpoint(
+                owner, path, lambda d: self.backend.save_state(model_id, d), ttl_s, overwrite, user_metadata
+            )
+            return CheckpointSaved(str(path))
+
+        return self._sequenced(owner, model_id, seq_id, "SaveWeights", run)
+
+    def save_weights_for_sampler(
+        self, owner: str, model_id: str, seq_id: int, name: str | None,
+        sampling_session_seq_id: int | None, ttl_s: int | None,
+        user_metadata: dict[str, Any] | None,
+    ) -> Future:
+        if name is None and sampling_session_seq_id is None:
+            raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
+        if name is not None:
+            path = self._new_checkpoint_path(model_id, "sampler_weights", name, ttl_s)
+
+            def run() -> SamplerSaved:
+                self._write_checkpoint(
+                    owner, path, lambda d: self.backend.save_sampler_weights(model_id, d), ttl_s, True,
+                    user_metadata,
+                )
+                return SamplerSaved(path=str(path), sampling_session_id=None)
+
+        else:
+            run = lambda: self._save_ephemeral_sampler(owner, model_id, sampling_session_seq_id)  # noqa: E731
+
+        return self._sequenced(owner, model_id, seq_id, "SaveWeightsForSampler", run)
+
+    def _save_ephemeral_sampler(self, owner: str, model_id: str, seq: int | None) -> SamplerSaved:
+        run = self.store.get_run(model_id, owner)
+        sampler_id = sampler_id_for(run.session_id, int(seq or 0))
+        directory = self.files.root / model_id / "ephemeral" / str(seq)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        self.backend.save_sampler_weights(model_id, directory)
+        self.store.create_sampling_session(
+            SamplingSessionRow(
+                sampling_session_id=sampler_id,
+                session_id=run.session_id,
+                owner=owner,
+                base_model=run.base_model,
+                model_path=None,
+                run_id=model_id,
+                weights_dir=str(directory),
+            )
+        )
+        return SamplerSaved(path=None, sampling_session_id=sampler_id)
+
+    def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
+        """Legacy TrainingClient.load_state*: load a checkpoint into this existing run."""
+        source = self._owned_checkpoint(owner, path, kinds=("weights",))
+
+        def run() -> WeightsLoaded:
+            self.backend.load_state(model_id, self.files.require(source), with_optimizer=with_optimizer)
+            return WeightsLoaded(path=str(source), model_id=model_id)
+
+        return self._sequenced(owner, model_id, seq_id, "LoadWeights", run)
+
+    def _sequenced(
+        self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
+        before: Callable[[], None] | None = None,
+    ) -> Future:
+        self.store.get_run(model_id, owner)
+        if seq_id < 1:
+            raise UserError(f"seq_id must be >= 1, got {seq_id}")
+        if not self.scheduler.has_model(model_id):
+            raise UserError(
+                f"model {model_id!r} is not loaded on this server (it may have been restarted); "
+                "create a training client from one of its checkpoints"
+            )
+        future, created = self.futures.create(owner, kind, ("seq", model_id, seq_id))
+        if not created:
+            return future
+        self.store.touch_run(model_id)
+        self.scheduler.submit(model_id, seq_id, Job(future, fn, before))
+        return future
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def _new_checkpoint_path(self, model_id: str, kind: str, name: str, ttl_s: int | None) -> TinkerPath:
+        validate_name(name)
+        if ttl_s is not None and not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+            raise UserError(f"ttl_seconds must be between {MIN_TTL_S} and {MAX_TTL_S}, got {ttl_s}")
+        return TinkerPath(model_id, kind, name)
+
+    def _write_checkpoint(
+        self, owner: str, path: TinkerPath, writer: Callable[[Any], None], ttl_s: int | None,
+        overwrite: bool, user_metadata: dict[str, Any] | None,
+    ) -> None:
+        size = self.files.write(path, writer, overwrite=overwrite)
+        now = datetime.now(timezone.utc)
+        self.store.add_checkpoint(
+            CheckpointRow(
+                run_id=path.run_id,
+                checkpoint_id=path.checkpoint_id,
+                kind=path.kind,
+                owner=owner,
+                size_bytes=size,
+                created_at=now,
+                expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
+                user_metadata=user_metadata,
+            ),
+            overwrite=True,
+        )
+
+    def _owned_checkpoint(self, owner: str, path: str, kinds: tuple[str, ...]) -> TinkerPath:
+        parsed = TinkerPath.parse(path)
+        if parsed.kind not in kinds:
+            raise UserError(f"{path} is a {parsed.kind} checkpoint; this call needs one of {kinds}")
+        self.store.get_checkpoint(parsed.run_id, parsed.checkpoint_id, owner)
+        return parsed
+
+    def delete_checkpoint(self, owner: str, run_id: str, checkpoint_id: str) -> None:
+        path = TinkerPath.parse(f"tinker://{run_id}/{checkpoint_id}")
+        self.store.delete_checkpoint(run_id, checkpoint_id, owner)
+        self.files.delete(path)
+
+    def delete_expired_checkpoints(self) -> int:
+        expired = self.store.expired_checkpoints(datetime.now(timezone.utc))
+        for row in expired:
+            self.delete_checkpoint(row.owner, row.run_id, row.checkpoint_id)
+        return len(expired)
+
+    # -- session end ------------------------------------------------------------------------
+    def finish_session(self, owner: str, session_id: str, reason: str) -> None:
+        self.store.finish_session(session_id, owner, reason)
+        for model_id in self.store.runs_of_session(session_id):
+            if self.scheduler.has_model(model_id):
+                self._unload(owner, model_id)
+
+    def _unload(self, owner: str, model_id: str) -> None:
+        future, _ = self.futures.create(owner, "Unload")
+        self.scheduler.remove_model(model_id)
+        self.scheduler.submit_unsequenced(Job(future, lambda: self.backend.delete_model(model_id)))
+
+    # -- sampling sessions ------------------------------------------------------------------
+    def create_sampling_session(
+        self, owner: str, session_id: str, seq: int, base_model: str | None, model_path: str | None
+    ) -> str:
+        """A sampler on a base model, or on sampler (or training) weights named by a tinker path."""
+        self._live_session(session_id, owner)
+        run_id = weights_dir = None
+        if model_path is not None:
+            path = self._owned_checkpoint(owner, model_path, kinds=("sampler_weights", "weights"))
+            run = self.store.get_run(path.run_id, owner)
+            if base_model is not None and base_model != run.base_model:
+                raise UserError(f"{model_path} was trained on {run.base_model!r}, not {base_model!r}")
+            base_model, run_id = run.base_model, run.run_id
+            weights_dir = str(self.files.require(path))
+        assert base_model is not None  # the wire schema requires base_model or model_path
+        self._base_model(base_model)
+        sampler_id = sampler_id_for(session_id, seq)
+        self.store.create_sampling_session(
+            SamplingSessionRow(
+                sampling_session_id=sampler_id, session_id=session_id, owner=owner,
+                base_model=base_model, model_path=model_path, run_id=run_id, weights_dir=weights_dir,
+            )
+        )
+        return sampler_id

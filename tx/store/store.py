@@ -1,0 +1,209 @@
+"""Persistence of sessions, training runs, checkpoints and sampling sessions.
+
+SQLite file by default, PostgreSQL by URL. Every read that names a resource takes the caller's
+`owner` and raises NotFoundError for a resource that belongs to someone else, so another key
+cannot even learn that it exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from sqlalchemy import create_engine, delete, func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from tx.store.tables import (
+    Base,
+    CheckpointRow,
+    SamplingSessionRow,
+    SessionRow,
+    TrainingRunRow,
+    utcnow,
+)
+from tx.types import ConflictError, NotFoundError
+
+
+class SessionFinishedError(RuntimeError):
+    """The session was finished; the client must stop using it (HTTP 410)."""
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        with engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Store:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        Base.metadata.create_all(engine)
+
+    @classmethod
+    def from_url(cls, url: str) -> Store:
+        return cls(make_engine(url))
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with self._sessions.begin() as db:
+            yield db
+
+    # -- sessions ---------------------------------------------------------------------------
+    def create_session(self, row: SessionRow) -> SessionRow:
+        with self._tx() as db:
+            db.add(row)
+        return row
+
+    def get_session(self, session_id: str, owner: str) -> SessionRow:
+        with self._tx() as db:
+            row = db.get(SessionRow, session_id)
+        if row is None or row.owner != owner:
+            raise NotFoundError(f"session {session_id!r} not found")
+        return row
+
+    def heartbeat(self, session_id: str, owner: str) -> None:
+        with self._tx() as db:
+            row = db.get(SessionRow, session_id)
+            if row is None or row.owner != owner:
+                raise NotFoundError(f"session {session_id!r} not found")
+            if row.finished_at is not None:
+                raise SessionFinishedError(f"session {session_id!r} is finished")
+            row.last_heartbeat = utcnow()
+
+    def finish_session(self, session_id: str, owner: str, reason: str) -> None:
+        """First finish wins; later ones are accepted and change nothing."""
+        with self._tx() as db:
+            row = db.get(SessionRow, session_id)
+            if row is None or row.owner != owner:
+                raise NotFoundError(f"session {session_id!r} not found")
+            if row.finished_at is None:
+                row.finished_at = utcnow()
+                row.finish_reason = reason
+
+    def list_sessions(self, owner: str, limit: int, offset: int) -> list[str]:
+        with self._tx() as db:
+            query = (
+                select(SessionRow.session_id)
+                .where(SessionRow.owner == owner)
+                .order_by(SessionRow.created_at.desc())
+                .limit(limit)
+                .offset(offset)
+            )
+            return list(db.scalars(query))
+
+    # -- training runs ----------------------------------------------------------------------
+    def create_run(self, row: TrainingRunRow) -> TrainingRunRow:
+        with self._tx() as db:
+            if db.get(TrainingRunRow, row.run_id) is not None:
+                raise ConflictError(f"training run {row.run_id!r} already exists")
+            db.add(row)
+        return row
+
+    def get_run(self, run_id: str, owner: str) -> TrainingRunRow:
+        with self._tx() as db:
+            row = db.get(TrainingRunRow, run_id)
+        if row is None or row.owner != owner:
+            raise NotFoundError(f"training run {run_id!r} not found")
+        return row
+
+    def touch_run(self, run_id: str) -> None:
+        with self._tx() as db:
+            row = db.get(TrainingRunRow, run_id)
+            if row is not None:
+                row.last_request_time = utcnow()
+
+    def list_runs(self, owner: str, limit: int, offset: int) -> tuple[list[TrainingRunRow], int]:
+        with self._tx() as db:
+            where = TrainingRunRow.owner == owner
+            total = db.scalar(select(func.count()).select_from(TrainingRunRow).where(where)) or 0
+            query = (
+                select(TrainingRunRow)
+                .where(where)
+                .order_by(TrainingRunRow.created_at.desc())
+                .limit(limit)
+                .offset(offset)
+            )
+            return list(db.scalars(query)), total
+
+    def runs_of_session(self, session_id: str) -> list[str]:
+        with self._tx() as db:
+            query = select(TrainingRunRow.run_id).where(TrainingRunRow.session_id == session_id)
+            return list(db.scalars(query))
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def add_checkpoint(self, row: CheckpointRow, *, overwrite: bool) -> CheckpointRow:
+        with self._tx() as db:
+            existing = db.get(CheckpointRow, (row.run_id, row.checkpoint_id))
+            if existing is not None:
+                if not overwrite:
+                    raise ConflictError(f"checkpoint {row.checkpoint_id!r} already exists")
+                db.delete(existing)
+                db.flush()
+            db.add(row)
+        return row
+
+    def get_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> CheckpointRow:
+        with self._tx() as db:
+            row = db.get(CheckpointRow, (run_id, checkpoint_id))
+        if row is None or row.owner != owner:
+            raise NotFoundError(f"checkpoint tinker://{run_id}/{checkpoint_id} not found")
+        return row
+
+    def list_checkpoints(self, run_id: str, owner: str) -> list[CheckpointRow]:
+        self.get_run(run_id, owner)
+        with self._tx() as db:
+            query = (
+                select(CheckpointRow)
+                .where(CheckpointRow.run_id == run_id)
+                .order_by(CheckpointRow.created_at)
+            )
+            return list(db.scalars(query))
+
+    def latest_checkpoint(self, run_id: str, kind: str) -> CheckpointRow | None:
+        with self._tx() as db:
+            query = (
+                select(CheckpointRow)
+                .where(CheckpointRow.run_id == run_id, CheckpointRow.kind == kind)
+                .order_by(CheckpointRow.created_at.desc())
+                .limit(1)
+            )
+            return db.scalars(query).first()
+
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> None:
+        self.get_checkpoint(run_id, checkpoint_id, owner)
+        with self._tx() as db:
+            db.execute(
+                delete(CheckpointRow).where(
+                    CheckpointRow.run_id == run_id, CheckpointRow.checkpoint_id == checkpoint_id
+                )
+            )
+
+    def expired_checkpoints(self, now: datetime) -> list[CheckpointRow]:
+        with self._tx() as db:
+            query = select(CheckpointRow).where(
+                CheckpointRow.expires_at.is_not(None), CheckpointRow.expires_at < now
+            )
+            return list(db.scalars(query))
+
+    # -- sampling sessions ------------------------------------------------------------------
+    def create_sampling_session(self, row: SamplingSessionRow) -> SamplingSessionRow:
+        with self._tx() as db:
+            if db.get(SamplingSessionRow, row.sampling_session_id) is None:
+                db.add(row)
+        return row
+
+    def get_sampling_session(self, sampling_session_id: str, owner: str) -> SamplingSessionRow:
+        with self._tx() as db:
+            row = db.get(SamplingSessionRow, sampling_session_id)
+        if row is None or row.owner != owner:
+            raise NotFoundError(f"sampler {sampling_session_id!r} not found")
+        return row

@@ -1,0 +1,71 @@
+"""Database rows (SQLAlchemy 2). Separate from wire schemas and domain types on purpose."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    sdk_version: Mapped[str | None] = mapped_column(String(32))
+    tags: Mapped[list] = mapped_column(JSON, default=list)
+    user_metadata: Mapped[dict] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+
+
+class TrainingRunRow(Base):
+    __tablename__ = "training_runs"
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id"), index=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    base_model: Mapped[str] = mapped_column(String(256))
+    lora_rank: Mapped[int] = mapped_column(Integer)
+    lora_config: Mapped[dict] = mapped_column(JSON)
+    user_metadata: Mapped[dict | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_request_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    corrupted: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("training_runs.run_id"), primary_key=True)
+    checkpoint_id: Mapped[str] = mapped_column(String(300), primary_key=True)  # "<kind>/<name>"
+    kind: Mapped[str] = mapped_column(String(32))  # weights | sampler_weights
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    user_metadata: Mapped[dict | None] = mapped_column(JSON)
+
+
+class SamplingSessionRow(Base):
+    __tablename__ = "sampling_sessions"
+
+    sampling_session_id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id"), index=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    base_model: Mapped[str] = mapped_column(String(256))
+    model_path: Mapped[str | None] = mapped_column(String(512))
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    weights_dir: Mapped[str | None] = mapped_column(String(1024))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
