@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import tinker
+
+from txserver import API_KEY, TxServer
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """One tx server for the integration tests, on the built-in tiny model."""
+    srv = TxServer(tmp_path_factory.mktemp("tx-data"), args=["--seq-gap-timeout-s", "3"]).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def service_client(server: TxServer) -> Iterator[tinker.ServiceClient]:
+    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    yield client
+    client.close("success")

@@ -1,0 +1,159 @@
+"""The official tinker SDK against a real tx server: training, ordering, checkpoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tinker
+import torch
+from tinker import types
+
+BASE = "tiny-qwen3"
+
+
+def sequences(n: int = 4, length: int = 33, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(10, 1990, size=length).tolist() for _ in range(n)]
+
+
+def datum(tokens: list[int], weight: float = 1.0) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [weight] * (len(tokens) - 1)},
+    )
+
+
+def total_tokens(data: list[types.Datum]) -> int:
+    return sum(d.model_input.length for d in data)
+
+
+def step(tc: tinker.TrainingClient, data: list[types.Datum], lr: float = 5e-3) -> float:
+    fb = tc.forward_backward(data, "cross_entropy")
+    opt = tc.optim_step(types.AdamParams(learning_rate=lr))
+    loss = fb.result().metrics["loss:sum"]
+    opt.result()
+    return loss
+
+
+def test_sft_memorises_sequences(service_client: tinker.ServiceClient) -> None:
+    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    data = [datum(s) for s in sequences()]
+    n = total_tokens(data)
+    losses = [step(tc, data) / n for _ in range(30)]
+    assert np.isfinite(losses).all()
+    assert min(losses) <= 0.5 * losses[0], losses
+
+
+def test_forward_outputs_match_cross_entropy_loss(service_client: tinker.ServiceClient) -> None:
+    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    data = [datum(s) for s in sequences(3, length=20, seed=1)]
+    out = tc.forward(data, "cross_entropy").result()
+    logprobs = [o["logprobs"].to_numpy() for o in out.loss_fn_outputs]
+    assert [len(lp) for lp in logprobs] == [19, 19, 19]
+    assert out.metrics["loss:sum"] == pytest.approx(-sum(lp.sum() for lp in logprobs), rel=1e-4)
+    assert all((lp < 0).all() for lp in logprobs)
+
+
+def test_zero_weights_give_zero_loss_and_no_update(service_client: tinker.ServiceClient) -> None:
+    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    data = [datum(s, weight=0.0) for s in sequences(2, seed=2)]
+    before = tc.forward(data, "cross_entropy").result()
+    fb = tc.forward_backward(data, "cross_entropy").result()
+    assert fb.metrics["loss:sum"] == 0.0
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = tc.forward(data, "cross_entropy").result()
+    for a, b in zip(before.loss_fn_outputs, after.loss_fn_outputs):
+        np.testing.assert_array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
+
+
+def test_custom_loss_gives_cross_entropy_gradients(service_client: tinker.ServiceClient) -> None:
+    """Same seed, same data: a custom loss equal to cross_entropy must move the weights identically."""
+    data = [datum(s, weight=0.5) for s in sequences(2, length=17, seed=3)]
+    ce = service_client.create_lora_training_client(BASE, rank=4, seed=7).result()
+    custom = service_client.create_lora_training_client(BASE, rank=4, seed=7).result()
+
+    def nll(batch: list[types.Datum], logprobs: list[torch.Tensor]):
+        loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].data)).sum() for d, lp in zip(batch, logprobs))
+        return loss, {"nll": float(loss)}
+
+    ce_out = ce.forward_backward(data, "cross_entropy").result()
+    custom_out = custom.forward_backward_custom(data, nll).result()
+    assert custom_out.metrics["loss:sum"] == pytest.approx(ce_out.metrics["loss:sum"], rel=1e-5)
+    adam = types.AdamParams(learning_rate=1e-2)
+    ce.optim_step(adam).result()
+    custom.optim_step(adam).result()
+    probe = [datum(s) for s in sequences(2, length=17, seed=4)]
+    a = ce.forward(probe, "cross_entropy").result().loss_fn_outputs
+    b = custom.forward(probe, "cross_entropy").result().loss_fn_outputs
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x["logprobs"].to_numpy(), y["logprobs"].to_numpy(), atol=1e-5)
+
+
+def test_pipelined_submissions_keep_their_order(service_client: tinker.ServiceClient) -> None:
+    batches = [[datum(s)] for s in sequences(5, seed=5)]
+    piped = service_client.create_lora_training_client(BASE, rank=8, seed=1).result()
+    serial = service_client.create_lora_training_client(BASE, rank=8, seed=1).result()
+    futures = []
+    for batch in batches:  # submit everything before waiting on anything
+        futures.append(piped.forward_backward(batch, "cross_entropy"))
+        futures.append(piped.optim_step(types.AdamParams(learning_rate=1e-2)))
+    piped_losses = [f.result().metrics["loss:sum"] for f in futures[::2]]
+    [f.result() for f in futures[1::2]]
+    serial_losses = [step(serial, batch, lr=1e-2) for batch in batches]
+    np.testing.assert_allclose(piped_losses, serial_losses, rtol=1e-5)
+
+
+def test_save_then_load_with_optimizer_reproduces_next_step(service_client: tinker.ServiceClient) -> None:
+    data = [datum(s) for s in sequences(2, seed=6)]
+    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    for _ in range(3):
+        step(tc, data)
+    path = tc.save_state("resume-me").result().path
+    assert path.startswith("tinker://") and path.endswith("/weights/resume-me")
+    step(tc, data)
+    expected = tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
+
+    resumed = service_client.create_training_client_from_state_with_optimizer(path).result()
+    step(resumed, data)
+    got = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert got == pytest.approx(expected, rel=1e-5)
+
+    without_opt = service_client.create_training_client_from_state(path).result()
+    step(without_opt, data)
+    fresh_adam = without_opt.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert fresh_adam != pytest.approx(expected, rel=1e-5)
+
+
+def test_chunked_forward_backward_accumulates(service_client: tinker.ServiceClient) -> None:
+    """Two forward_backward calls then one optim_step equal one call with all the data."""
+    data = [datum(s) for s in sequences(4, seed=8)]
+    split = service_client.create_lora_training_client(BASE, rank=8, seed=2).result()
+    whole = service_client.create_lora_training_client(BASE, rank=8, seed=2).result()
+    split.forward_backward(data[:2], "cross_entropy").result()
+    split.forward_backward(data[2:], "cross_entropy").result()
+    split.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    step(whole, data, lr=1e-2)
+    a = split.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    b = whole.forward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_rl_losses_run_through_the_sdk(service_client: tinker.ServiceClient) -> None:
+    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    tokens = sequences(2, length=12, seed=9)
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(t[:-1]),
+            loss_fn_inputs={
+                "target_tokens": t[1:],
+                "logprobs": [-7.0] * 11,
+                "advantages": [1.0] * 11,
+            },
+        )
+        for t in tokens
+    ]
+    for loss_fn in ("importance_sampling", "ppo", "cispo", "dro"):
+        out = tc.forward_backward(data, loss_fn).result()
+        assert np.isfinite(out.metrics["loss:sum"]), loss_fn
+        assert len(out.loss_fn_outputs) == 2
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()

@@ -1,0 +1,210 @@
+"""JSON wire schemas -> domain types, with the checks that turn bad input into a `UserError`.
+
+Nothing below the API sees a wire object: routes validate a body with a schema from
+`schemas.py` / `sample_schemas.py`, then call one of these.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import numpy as np
+
+from tx.api.wire import sample_schemas, schemas
+from tx.api.wire.codec import image_chunk
+from tx.api.wire.tensors import densify_csr, reshape_dense
+from tx.types import (
+    AdamParams,
+    Chunk,
+    ImageAssetPointer,
+    LoraConfig,
+    ModelInput,
+    SampleRequest,
+    SamplingParams,
+    TextChunk,
+    UserError,
+)
+
+SUPPORTED_OPTIMIZER = "adamw"
+
+# Seeds are folded into [0, 2**63 - 1) so every engine sees an int64-safe value.
+_SEED_MODULUS = 2**63 - 1
+
+
+def model_input_from_json(model_input: sample_schemas.ModelInputJson) -> ModelInput:
+    chunks: list[Chunk] = []
+    for index, chunk in enumerate(model_input.chunks):
+        try:
+            chunks.append(_chunk_from_json(chunk))
+        except UserError as exc:
+            raise UserError(f"prompt chunk {index}: {exc}") from exc
+    return ModelInput(chunks=tuple(chunks))
+
+
+def _chunk_from_json(chunk: sample_schemas.ModelInputChunkJson) -> Chunk:
+    if isinstance(chunk, sample_schemas.EncodedTextChunkJson):
+        return TextChunk(tokens=tuple(chunk.tokens))
+    if isinstance(chunk, sample_schemas.ImageChunkJson):
+        return image_chunk(_b64decode(chunk.data, "image data"), chunk.format, chunk.expected_tokens)
+    if isinstance(chunk, sample_schemas.ImageAssetPointerChunkJson):
+        if not chunk.location:
+            raise UserError("image_asset_pointer has an empty location")
+        return ImageAssetPointer(
+            location=chunk.location, format=chunk.format, expected_tokens=chunk.expected_tokens
+        )
+    raise UserError("audio (dmel) input chunks are not supported by this server")
+
+
+def _b64decode(text: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise UserError(f"{what} is not valid base64: {exc}") from exc
+
+
+def tensor_data_from_json(tensor: sample_schemas.TensorDataJson, *, pad_value: int = 0) -> np.ndarray:
+    """Dense numpy array (int64 or float32); CSR cells not listed take `pad_value`."""
+    dtype = np.dtype(np.int64) if tensor.dtype == "int64" else np.dtype(np.float32)
+    values = _numbers_to_array(tensor.data, dtype)
+    shape = tuple(tensor.shape or ())
+    if tensor.sparse_crow_indices is None and tensor.sparse_col_indices is None:
+        return reshape_dense(values, shape, "tensor")
+    if tensor.sparse_crow_indices is None or tensor.sparse_col_indices is None:
+        raise UserError("tensor: sparse_crow_indices and sparse_col_indices must be sent together")
+    crow = _numbers_to_array(tensor.sparse_crow_indices, np.dtype(np.int64))
+    col = _numbers_to_array(tensor.sparse_col_indices, np.dtype(np.int64))
+    return densify_csr(values, crow, col, shape, pad_value=pad_value, what="tensor")
+
+
+def _numbers_to_array(numbers: list[int] | list[float], dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "f":
+        return np.asarray(numbers, dtype=np.float64).astype(np.float32)
+    if any(isinstance(x, float) and not x.is_integer() for x in numbers):
+        raise UserError("tensor: an int64 tensor holds a non-integer value")
+    try:
+        return np.asarray([int(x) for x in numbers], dtype=np.int64)
+    except OverflowError as exc:
+        raise UserError(f"tensor: a value does not fit int64: {exc}") from exc
+
+
+def lora_config_to_domain(config: schemas.LoraConfig | None) -> LoraConfig:
+    """The SDK always sends lora_config; without one, tx uses the SDK's defaults."""
+    if config is None:
+        return LoraConfig()
+    lora = LoraConfig(
+        rank=config.rank,
+        seed=config.seed,
+        train_attn=config.train_attn,
+        train_mlp=config.train_mlp,
+        train_unembed=config.train_unembed,
+    )
+    lora.validate()
+    return lora
+
+
+def check_optimizer_config(config: schemas.OptimizerConfig | None) -> None:
+    """tx trains with AdamW only; a model created for another optimizer is refused."""
+    if config is not None and config.type != SUPPORTED_OPTIMIZER:
+        raise UserError(f"optimizer {config.type!r} is not supported: this server trains with adamw only")
+
+
+def adam_params_to_domain(params: schemas.AdamParams) -> AdamParams:
+    adam = AdamParams(
+        learning_rate=params.learning_rate,
+        beta1=params.beta1,
+        beta2=params.beta2,
+        eps=params.eps,
+        weight_decay=params.weight_decay,
+        grad_clip_norm=params.grad_clip_norm,
+    )
+    adam.validate()
+    return adam
+
+
+def optim_step_params_to_domain(request: schemas.OptimStepRequest) -> AdamParams:
+    """Adam parameters of an optim_step; `optimizer_params` (e.g. dimuon) is refused."""
+    if request.adam_params is None:
+        kind = request.optimizer_params.type if request.optimizer_params else "unknown"
+        raise UserError(f"optimizer {kind!r} is not supported: this server trains with adamw only")
+    return adam_params_to_domain(request.adam_params)
+
+
+def sample_request_to_domain(request: sample_schemas.SampleRequestJson) -> SampleRequest:
+    _reject_unsupported_sampling_features(request)
+    if request.num_samples < 1:
+        raise UserError(f"num_samples must be >= 1, got {request.num_samples}")
+    if request.topk_prompt_logprobs < 0:
+        raise UserError(f"topk_prompt_logprobs must be >= 0, got {request.topk_prompt_logprobs}")
+    prompt = model_input_from_json(request.prompt)
+    if not prompt.chunks:
+        raise UserError("the prompt is empty")
+    last_n = request.prompt_logprobs_last_n
+    if last_n is not None:
+        _check_prompt_logprobs_last_n(last_n, prompt, bool(request.prompt_logprobs))
+    return SampleRequest(
+        prompt=prompt,
+        num_samples=request.num_samples,
+        params=sampling_params_to_domain(request.sampling_params),
+        prompt_logprobs=bool(request.prompt_logprobs),
+        topk_prompt_logprobs=request.topk_prompt_logprobs,
+        prompt_logprobs_last_n=last_n,
+    )
+
+
+def _reject_unsupported_sampling_features(request: sample_schemas.SampleRequestJson) -> None:
+    unsupported = {
+        "topk_sample_logprobs": request.topk_sample_logprobs > 0,
+        "target_prompt_logprobs": request.target_prompt_logprobs is not None,
+        "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
+        "record_stability_info": bool(request.record_stability_info),
+    }
+    asked = [name for name, used in unsupported.items() if used]
+    if asked:
+        raise UserError(f"sampling option(s) not supported by this server: {', '.join(asked)}")
+
+
+def _check_prompt_logprobs_last_n(last_n: int, prompt: ModelInput, prompt_logprobs: bool) -> None:
+    if not prompt_logprobs:
+        raise UserError("prompt_logprobs_last_n needs prompt_logprobs=true")
+    if last_n < 1:
+        raise UserError(f"prompt_logprobs_last_n must be >= 1, got {last_n}")
+    if not prompt.has_images:
+        max_n = len(prompt.text_tokens()) - 1
+        if last_n > max_n:
+            raise UserError(f"prompt_logprobs_last_n must be <= len(prompt) - 1 = {max_n}, got {last_n}")
+
+
+def sampling_params_to_domain(params: sample_schemas.SamplingParamsJson) -> SamplingParams:
+    """Stop: omitted = EOS only; [] = nothing, not even EOS; ints = stop token ids (plus EOS);
+    strings = stop strings (plus EOS)."""
+    if params.max_tokens is not None and params.max_tokens < 1:
+        raise UserError(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if not params.temperature >= 0:
+        raise UserError(f"temperature must be >= 0, got {params.temperature}")
+    if not 0 < params.top_p <= 1:
+        raise UserError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.top_k < -1:
+        raise UserError(f"top_k must be -1 (no limit) or >= 1, got {params.top_k}")
+    stop = params.stop
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    if isinstance(stop, str):
+        stop_strings = (stop,)
+    elif stop and isinstance(stop[0], str):
+        stop_strings = tuple(str(s) for s in stop)
+    elif stop:
+        stop_token_ids = tuple(int(t) for t in stop)
+    if any(s == "" for s in stop_strings):
+        raise UserError("a stop string is empty")
+    defaults = SamplingParams()
+    return SamplingParams(
+        max_tokens=params.max_tokens if params.max_tokens is not None else defaults.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=-1 if params.top_k == 0 else params.top_k,
+        seed=None if params.seed is None else params.seed % _SEED_MODULUS,
+        stop_token_ids=stop_token_ids,
+        stop_strings=stop_strings,
+        stop_at_eos=not (stop is not None and len(stop) == 0),
+    )
