@@ -1,0 +1,83 @@
+"""The store on SQLite, and on PostgreSQL when TX_TEST_POSTGRES_URL points at one."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from tx.store.store import SessionFinishedError, Store
+from tx.store.tables import CheckpointRow, SessionRow, TrainingRunRow
+from tx.types import ConflictError, NotFoundError
+
+POSTGRES_URL = os.environ.get("TX_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = Store.from_url(f"sqlite:///{tmp_path / 'tx.db'}")
+    else:
+        if not POSTGRES_URL:
+            pytest.skip("set TX_TEST_POSTGRES_URL to run the store tests on PostgreSQL")
+        s = Store.from_url(POSTGRES_URL)
+    yield s
+    s.close()
+
+
+def _session(store: Store, owner: str = "alice") -> str:
+    sid = uuid.uuid4().hex
+    store.create_session(SessionRow(session_id=sid, owner=owner, sdk_version="0.38.0", tags=[], user_metadata={}))
+    return sid
+
+
+def _run(store: Store, sid: str, owner: str = "alice") -> str:
+    run_id = f"{sid}:train:0"
+    store.create_run(TrainingRunRow(run_id=run_id, session_id=sid, owner=owner, base_model="m", lora_rank=4,
+                                    lora_config={"rank": 4}, user_metadata={"k": "v"}))
+    return run_id
+
+
+def test_sessions_heartbeat_and_finish(store: Store) -> None:
+    sid = _session(store)
+    store.heartbeat(sid, "alice")
+    store.finish_session(sid, "alice", "success")
+    store.finish_session(sid, "alice", "errored")  # first finish wins
+    assert store.get_session(sid, "alice").finish_reason == "success"
+    with pytest.raises(SessionFinishedError):
+        store.heartbeat(sid, "alice")
+    with pytest.raises(NotFoundError):
+        store.heartbeat(sid, "bob")
+
+
+def test_runs_are_owned_and_listed(store: Store) -> None:
+    sid = _session(store)
+    run_id = _run(store, sid)
+    assert store.get_run(run_id, "alice").lora_config == {"rank": 4}
+    with pytest.raises(NotFoundError):
+        store.get_run(run_id, "bob")
+    with pytest.raises(ConflictError):
+        _run(store, sid)
+    runs, total = store.list_runs("alice", 10, 0)
+    assert run_id in [r.run_id for r in runs] and total >= 1
+
+
+def test_checkpoints_overwrite_delete_and_expire(store: Store) -> None:
+    run_id = _run(store, _session(store))
+    now = datetime.now(timezone.utc)
+    row = lambda name, expires=None: CheckpointRow(  # noqa: E731
+        run_id=run_id, checkpoint_id=f"weights/{name}", kind="weights", owner="alice", size_bytes=10,
+        created_at=now, expires_at=expires,
+    )
+    store.add_checkpoint(row("a"), overwrite=False)
+    with pytest.raises(ConflictError):
+        store.add_checkpoint(row("a"), overwrite=False)
+    store.add_checkpoint(row("a"), overwrite=True)
+    store.add_checkpoint(row("old", now - timedelta(seconds=5)), overwrite=False)
+    assert [c.checkpoint_id for c in store.expired_checkpoints(now)] == ["weights/old"]
+    assert len(store.list_checkpoints(run_id, "alice")) == 2
+    store.delete_checkpoint(run_id, "weights/a", "alice")
+    with pytest.raises(NotFoundError):
+        store.get_checkpoint(run_id, "weights/a", "alice")
