@@ -1,0 +1,140 @@
+"""tx training step through the SDK vs the same step in plain torch, side by side in one run.
+
+Prints JSON: median seconds per forward_backward+optim_step step for each, their ratio, and the
+p50/p90 latency of a trivial call (get_info) over HTTP.
+Usage: python scripts/bench/train_step.py [--steps 10] [--batch 8] [--seq-len 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import tinker
+import torch
+from tinker import types
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from txserver import API_KEY, TxServer  # noqa: E402
+
+from tx.models import write_tiny_text_model  # noqa: E402
+
+LR = 1e-4
+
+
+def make_batch(batch: int, seq_len: int, vocab: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, vocab - 100, size=(batch, seq_len + 1))
+
+
+def plain_torch_steps(model_dir: Path, tokens: np.ndarray, steps: int):
+    """The reference: the same model, LoRA and loss in one process, no server."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    config = peft.LoraConfig(
+        r=8, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj", "lm_head"],
+    )
+    model = peft.get_peft_model(model, config)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
+                                  betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+    inputs = torch.tensor(tokens[:, :-1])
+    targets = torch.tensor(tokens[:, 1:])
+
+    def step() -> float:
+        start = time.perf_counter()
+        logits = model(input_ids=inputs).logits.float()
+        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        (-logp.sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    for _ in range(steps):
+        yield step()
+
+
+def tx_steps(tc: tinker.TrainingClient, tokens: np.ndarray, steps: int):
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(row[:-1].tolist()),
+            loss_fn_inputs={"target_tokens": row[1:].tolist(), "weights": [1.0] * (len(row) - 1)},
+        )
+        for row in tokens
+    ]
+    for _ in range(steps):
+        start = time.perf_counter()
+        fb = tc.forward_backward(data, "cross_entropy")
+        opt = tc.optim_step(types.AdamParams(learning_rate=LR))
+        fb.result()
+        opt.result()
+        yield time.perf_counter() - start
+
+
+def trivial_call_latency(server: TxServer, model_id: str, calls: int = 200) -> list[float]:
+    latencies = []
+    with httpx.Client(base_url=server.url, headers={"X-API-Key": API_KEY}) as http:
+        for _ in range(calls):
+            start = time.perf_counter()
+            http.post("/api/v1/get_info", json={"model_id": model_id, "type": "get_info"}).raise_for_status()
+            latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_tiny_text_model(Path(tmp) / "bench-model", preset="bench")
+        n_params = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(
+            str(model_dir / "model.safetensors")).values())
+        server = TxServer(Path(tmp) / "data", args=["--base-model", str(model_dir)]).start()
+        try:
+            client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+            tc = client.create_lora_training_client(str(model_dir), rank=8, seed=0).result()
+            tokens = make_batch(args.batch, args.seq_len, 8000)
+            total = args.warmup + args.steps
+            tx_iter, torch_iter = tx_steps(tc, tokens, total), plain_torch_steps(model_dir, tokens, total)
+            tx_times, torch_times = [], []
+            for i in range(total):  # interleaved, so both see the same machine noise
+                t_tx, t_torch = next(tx_iter), next(torch_iter)
+                if i >= args.warmup:
+                    tx_times.append(t_tx)
+                    torch_times.append(t_torch)
+            latencies = trivial_call_latency(server, tc.model_id)
+            client.close("success")
+        finally:
+            server.stop()
+
+    tx_med, torch_med = statistics.median(tx_times), statistics.median(torch_times)
+    q = statistics.quantiles(latencies, n=10)
+    print(json.dumps({
+        "model_parameters": n_params,
+        "batch": [args.batch, args.seq_len],
+        "lora_rank": 8,
+        "steps": args.steps,
+        "tx_step_s_median": round(tx_med, 4),
+        "torch_step_s_median": round(torch_med, 4),
+        "ratio_tx_over_torch": round(tx_med / torch_med, 3),
+        "target_ratio": 1.15,
+        "get_info_p50_ms": round(statistics.median(latencies) * 1000, 2),
+        "get_info_p90_ms": round(q[8] * 1000, 2),
+        "target_trivial_ms": 5.0,
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

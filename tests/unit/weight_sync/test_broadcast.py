@@ -1,0 +1,159 @@
+"""Gloo transfer groups on 127.0.0.1: the sender in this process, receivers in subprocesses."""
+
+import threading
+import time
+
+import pytest
+import torch
+from weight_sync_helpers import ReceiverProcess, assert_same, make_init, mixed_weights
+
+from tx.inference.weight_sync import (
+    BroadcastReceiver,
+    BroadcastSender,
+    WeightSyncError,
+    layout_buckets,
+    plan_update,
+)
+
+
+def test_mixed_dtypes_across_buckets_arrive_exactly(tmp_path, receivers):
+    weights = mixed_weights()
+    update = plan_update(weights, bucket_bytes=8 << 10)
+    assert len(layout_buckets(update.tensors, update.bucket_bytes)) > 4
+    init = make_init()
+    receivers.append(ReceiverProcess(tmp_path, rank=1, groups=[(init, update)]))
+    sender = BroadcastSender(init)
+    sender.connect()
+    sender.send(weights, update)
+    sender.close()
+    assert_same(weights, receivers[0].result())
+
+
+def test_two_receivers_in_a_world_of_three(tmp_path, receivers):
+    weights = mixed_weights(seed=1)
+    update = plan_update(weights, bucket_bytes=16 << 10)
+    init = make_init(world_size=3)
+    receivers += [ReceiverProcess(tmp_path, rank=r, groups=[(init, update)]) for r in (1, 2)]
+    sender = BroadcastSender(init)
+    sender.connect()
+    sender.send(weights, update)
+    sender.close()
+    for receiver in receivers:
+        assert_same(weights, receiver.result())
+
+
+def test_a_new_group_after_the_first_is_closed(tmp_path, receivers):
+    """The restart case: the trainer closes a group and builds a new one (new name, new store)."""
+    first, second = mixed_weights(seed=2), mixed_weights(seed=3)
+    init1, init2 = make_init(group_name="engines-0"), make_init(group_name="engines-1")
+    update = plan_update(first, bucket_bytes=32 << 10)
+    receivers.append(ReceiverProcess(tmp_path, rank=1, groups=[(init1, update), (init2, update)]))
+    for init, weights in ((init1, first), (init2, second)):
+        sender = BroadcastSender(init)
+        sender.connect()
+        sender.send(weights, update)
+        sender.close()
+    assert_same(first, receivers[0].result(0))
+    assert_same(second, receivers[0].result(1))
+
+
+def test_received_views_stay_valid_by_default():
+    weights = mixed_weights(seed=4)
+    update = plan_update(weights, bucket_bytes=4 << 10)
+    init = make_init()
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        received = {}
+        thread = threading.Thread(target=lambda: received.update(receiver.receive(update)))
+        thread.start()
+        sender.send(weights, update)
+        thread.join(30)
+        assert_same(weights, received)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_repeated_pushes_in_one_group_reuse_buffers():
+    init = make_init()
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        for step in range(3):
+            weights = mixed_weights(seed=10 + step)
+            update = plan_update(weights, bucket_bytes=4 << 10)
+            received = {}
+            thread = threading.Thread(
+                target=lambda: received.update(
+                    (n, t.clone()) for n, t in receiver.receive(update, reuse_buffers=True)
+                )
+            )
+            thread.start()
+            sender.send(weights, update)
+            thread.join(30)
+            assert_same(weights, received)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_missing_receiver_times_out_with_a_clear_error():
+    sender = BroadcastSender(make_init(group_name="lonely", timeout_s=1.5))
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError, match="could not join transfer group 'lonely'"):
+        sender.connect()
+    assert time.monotonic() - start < 20
+    sender.close()
+
+
+def test_a_missing_sender_times_out_on_the_receiver():
+    init = make_init(group_name="orphan", timeout_s=1.5)
+    receiver = BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    with pytest.raises(WeightSyncError, match="rank 1 could not join transfer group 'orphan'"):
+        receiver.connect()
+
+
+def test_a_receiver_that_dies_fails_the_send(tmp_path, receivers):
+    weights = mixed_weights()
+    update = plan_update(weights, bucket_bytes=8 << 10)
+    init = make_init(timeout_s=5)
+    receivers.append(ReceiverProcess(tmp_path, rank=1, groups=[(init, update)], mode="exit_after_connect"))
+    sender = BroadcastSender(init)
+    sender.connect()
+    receivers[0].wait()
+    with pytest.raises(WeightSyncError, match="broadcast in group"):
+        sender.send(weights, update)
+    sender.close()
+
+
+def test_send_checks_tensors_against_the_update_before_the_wire():
+    init = make_init()
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        update = plan_update([("w", torch.zeros(2, 2))])
+        with pytest.raises(WeightSyncError, match="update says float32"):
+            sender.send([("w", torch.zeros(2, 3))], update)
+        with pytest.raises(WeightSyncError, match="not given"):
+            sender.send([("v", torch.zeros(2, 2))], update)
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_unconnected_use_and_bad_ranks_are_errors():
+    init = make_init(world_size=3)
+    with pytest.raises(ValueError, match="outside"):
+        BroadcastReceiver(init, rank=0, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="outside"):
+        BroadcastReceiver(init, rank=3, device=torch.device("cpu"))
+    with pytest.raises(WeightSyncError, match="not connected"):
+        BroadcastSender(init).send([], plan_update([]))
+
+
+def _connect_both(sender: BroadcastSender, receiver: BroadcastReceiver) -> None:
+    thread = threading.Thread(target=receiver.connect)
+    thread.start()
+    sender.connect()
+    thread.join(30)

@@ -1,0 +1,170 @@
+"""Weight transfer over a torch.distributed collective (gloo on CPU, NCCL between GPUs).
+
+Design / who owns what:
+- The sender is rank 0 and lives in the trainer process. It hosts the TCPStore at
+  (master_address, master_port). Groups are built without the global default process group
+  (TCPStore -> PrefixStore(group_name) -> ProcessGroupGloo/NCCL, see `group.py`), so one trainer can hold
+  one group per engine group and recreate it after a restart.
+- Receivers live in engine processes (one per engine worker, rank = rank_offset + worker index).
+- Both sides must call `connect()` at the same time (the engine runs it in a thread while handling
+  POST /weights/init) and then run `send` / `receive` with the same `TransferUpdate`, bucket by bucket.
+- Every step has a timeout (`TransferInit.timeout_s`); a failure raises WeightSyncError, never hangs forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from tx.inference.weight_sync.group import TransferGroup
+from tx.inference.weight_sync.plan import Bucket, check_unique, layout_buckets, view_in
+from tx.inference.weight_sync.types import TransferInit, TransferUpdate, WeightSyncError
+
+
+class BroadcastSender:
+    """Rank 0 of a transfer group, in the trainer process."""
+
+    def __init__(self, init: TransferInit, device: torch.device | None = None) -> None:
+        """`device`: where flat buckets are packed; default cpu for gloo, the current CUDA device for nccl."""
+        self.init = init
+        self.device = device or _default_device(init)
+        self._group = TransferGroup(init, rank=0)
+        self._buffers = _Buffers(self.device)
+        self._connected = False
+
+    def connect(self) -> None:
+        """Host the TCPStore and join the group; blocks until every rank joined, or raises after timeout_s."""
+        self._group.join(self.device)
+        self._connected = True
+
+    def send(self, named: Sequence[tuple[str, torch.Tensor]], update: TransferUpdate) -> None:
+        """Broadcast the tensors of `update` (looked up by name in `named`) as flat byte buckets, in order.
+
+        While bucket i is on the wire, bucket i+1 is packed into a second buffer.
+        """
+        if not self._connected:
+            raise WeightSyncError(f"sender of group {self.init.group_name!r} is not connected")
+        tensors = _match(named, update)
+        in_flight = None
+        for index, bucket in enumerate(layout_buckets(update.tensors, update.bucket_bytes)):
+            buffer = self._buffers.get(index % 2, bucket.nbytes)
+            _pack(buffer, bucket, tensors)
+            if in_flight is not None:
+                self._group.wait(in_flight)
+            in_flight = self._group.start_broadcast(buffer)
+        if in_flight is not None:
+            self._group.wait(in_flight)
+
+    def close(self) -> None:
+        """Leave the group, stop the store and free the buffers; idempotent."""
+        self._connected = False
+        self._buffers.clear()
+        self._group.close()
+
+
+class BroadcastReceiver:
+    """One receiving rank, in an engine process."""
+
+    def __init__(self, init: TransferInit, rank: int, device: torch.device) -> None:
+        """`rank` in [rank_offset, world_size); received tensors end up on `device`."""
+        if not init.rank_offset <= rank < init.world_size:
+            raise ValueError(f"receiver rank {rank} outside [{init.rank_offset}, {init.world_size})")
+        self.init = init
+        self.device = torch.device(device)
+        self._wire_device = self.device if init.backend == "nccl" else torch.device("cpu")
+        self._group = TransferGroup(init, rank=rank)
+        self._buffers = _Buffers(self._wire_device)
+        self._connected = False
+
+    def connect(self) -> None:
+        """Join the group hosted by the sender; blocks until every rank joined, or raises after timeout_s."""
+        self._group.join(self._wire_device)
+        self._connected = True
+
+    def receive(
+        self, update: TransferUpdate, reuse_buffers: bool = False
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Receive bucket by bucket and yield (name, tensor) in `update.tensors` order.
+
+        The next bucket is received while the current one is yielded. By default every bucket lands in a fresh
+        buffer, so the yielded views stay valid (`dict(receive(...))` is fine). With `reuse_buffers=True`
+        (faster: no page faults; for loaders that copy each tensor at once, like `param.copy_`) two buffers
+        alternate and a tensor is overwritten once the tensors of the bucket after the next are received;
+        this only applies when `device` is the wire device (cpu for gloo, the GPU for nccl).
+        Consume the iterator fully: the sender waits for every bucket; if a consumer stops early, close the
+        receiver (the group is unusable after a partial transfer).
+        """
+        if not self._connected:
+            raise WeightSyncError(f"receiver of group {self.init.group_name!r} is not connected")
+        check_unique([spec.name for spec in update.tensors])
+        buckets = layout_buckets(update.tensors, update.bucket_bytes)
+        buffers = self._buffers if reuse_buffers else _Buffers(self._wire_device, reuse=False)
+        in_flight = self._start(buffers, buckets, 0)
+        for index, bucket in enumerate(buckets):
+            self._group.wait(in_flight)
+            buffer = buffers.get(index % 2, bucket.nbytes)
+            in_flight = self._start(buffers, buckets, index + 1)
+            if self._wire_device != self.device:
+                buffer = buffer.to(self.device)
+            for spec, offset in zip(bucket.specs, bucket.offsets):
+                yield spec.name, view_in(buffer, spec, offset)
+
+    def _start(self, buffers: _Buffers, buckets: list[Bucket], index: int) -> list:
+        if index >= len(buckets):
+            return []
+        return self._group.start_broadcast(buffers.get(index % 2, buckets[index].nbytes, fresh=True))
+
+    def close(self) -> None:
+        """Leave the group and free the buffers; idempotent."""
+        self._connected = False
+        self._buffers.clear()
+        self._group.close()
+
+
+def _default_device(init: TransferInit) -> torch.device:
+    if init.backend == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _match(named: Sequence[tuple[str, torch.Tensor]], update: TransferUpdate) -> dict[str, torch.Tensor]:
+    """Check every spec against the tensor of that name before anything goes on the wire."""
+    by_name = dict(named)
+    check_unique([spec.name for spec in update.tensors])
+    for spec in update.tensors:
+        tensor = by_name.get(spec.name)
+        if tensor is None:
+            raise WeightSyncError(f"update names tensor {spec.name!r}, which was not given")
+        if tensor.dtype != spec.torch_dtype or list(tensor.shape) != spec.shape:
+            raise WeightSyncError(
+                f"tensor {spec.name!r} is {tensor.dtype} {list(tensor.shape)}, "
+                f"but the update says {spec.dtype} {spec.shape}"
+            )
+    return by_name
+
+
+class _Buffers:
+    """Two flat uint8 buffers that alternate (one on the wire, one packed or consumed). With `reuse` they are
+    kept between buckets and transfers: a fresh 64 MB allocation faults its pages in again and halves CPU
+    throughput. Without it, every `get(..., fresh=True)` allocates, so earlier views stay valid."""
+
+    def __init__(self, device: torch.device, reuse: bool = True) -> None:
+        self.device = device
+        self.reuse = reuse
+        self._slots: list[torch.Tensor | None] = [None, None]
+
+    def get(self, slot: int, nbytes: int, fresh: bool = False) -> torch.Tensor:
+        buffer = self._slots[slot]
+        if buffer is None or buffer.numel() < nbytes or (fresh and not self.reuse):
+            self._slots[slot] = None
+            buffer = self._slots[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buffer[:nbytes]
+
+    def clear(self) -> None:
+        self._slots = [None, None]
+
+
+def _pack(buffer: torch.Tensor, bucket: Bucket, tensors: dict[str, torch.Tensor]) -> None:
+    for spec, offset in zip(bucket.specs, bucket.offsets):
+        view_in(buffer, spec, offset).copy_(tensors[spec.name])

@@ -1,0 +1,151 @@
+"""Transfer groups built without the global default process group, and small networking helpers.
+
+A group is TCPStore (hosted by rank 0) -> PrefixStore(group_name) -> ProcessGroupGloo or ProcessGroupNCCL.
+Nothing touches `torch.distributed.init_process_group`, so a process can hold any number of groups next to
+whatever else it runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tx.inference.weight_sync.types import TransferInit, WeightSyncError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An ephemeral TCP port that is free right now on `host` (bind to port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# Gloo over TCP moves one tensor on one stream; splitting a bucket into chunks broadcast concurrently, over
+# several gloo devices (one TCP pair each) and worker threads, roughly doubles loopback throughput here.
+GLOO_STREAMS = 4
+GLOO_DEVICES = 2
+MIN_CHUNK_BYTES = 4 << 20
+
+
+class TransferGroup:
+    """One rank's membership in a transfer group: broadcasts from rank 0 with a timeout on each."""
+
+    def __init__(self, init: TransferInit, rank: int) -> None:
+        if not 0 <= rank < init.world_size:
+            raise ValueError(f"rank {rank} outside world of size {init.world_size}")
+        self.init = init
+        self.rank = rank
+        self.timeout = timedelta(seconds=init.timeout_s)
+        self._store: dist.Store | None = None
+        self._backend: dist.ProcessGroup | None = None
+
+    def join(self, device: torch.device) -> None:
+        """Rendezvous with every rank, then run one tiny broadcast so that joining means working."""
+        init = self.init
+        try:
+            self._store = dist.TCPStore(
+                init.master_address,
+                init.master_port,
+                init.world_size,
+                is_master=self.rank == 0,
+                timeout=self.timeout,
+                wait_for_workers=False,
+            )
+            store = dist.PrefixStore(init.group_name, self._store)
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                self._backend = _make_backend(init, store, self.rank, self.timeout)
+                self.broadcast(torch.zeros(1, dtype=torch.uint8, device=device))
+        except Exception as exc:
+            self.close(abort=True)
+            raise WeightSyncError(
+                f"rank {self.rank} could not join transfer group {init.group_name!r} ({init.backend}, "
+                f"world {init.world_size}, store {init.master_address}:{init.master_port}) "
+                f"within {init.timeout_s:g}s: {exc}"
+            ) from exc
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast `tensor` from rank 0 and wait for it."""
+        self.wait(self.start_broadcast(tensor))
+
+    def start_broadcast(self, tensor: torch.Tensor) -> list[dist.Work]:
+        """Start broadcasting the flat `tensor` from rank 0 (chunks in parallel on gloo); then `wait`."""
+        if self._backend is None:
+            raise WeightSyncError(f"transfer group {self.init.group_name!r} is not connected")
+        return [self._backend.broadcast([chunk], self._options()) for chunk in self._chunks(tensor)]
+
+    def wait(self, works: list[dist.Work]) -> None:
+        """Wait for every chunk; a failure or timeout breaks the group (it is aborted) and raises."""
+        for work in works:
+            try:
+                done = work.wait(self.timeout)
+            except Exception as exc:
+                self.close(abort=True)
+                raise WeightSyncError(f"broadcast in group {self.init.group_name!r} failed: {exc}") from exc
+            if not done:
+                self.close(abort=True)
+                raise WeightSyncError(
+                    f"broadcast in group {self.init.group_name!r} timed out after {self.init.timeout_s:g}s"
+                )
+
+    def _chunks(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        if self.init.backend != "gloo":
+            return [tensor]
+        count = max(1, min(GLOO_STREAMS, tensor.numel() * tensor.element_size() // MIN_CHUNK_BYTES))
+        return list(tensor.chunk(count))
+
+    def _options(self) -> dist.BroadcastOptions:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.rootTensor = 0
+        opts.timeout = self.timeout
+        return opts
+
+    def close(self, abort: bool = False) -> None:
+        """Leave the group (abort: without flushing, after a failure); idempotent."""
+        backend, self._backend, self._store = self._backend, None, None
+        if backend is not None:
+            try:
+                backend.abort() if abort else backend.shutdown()
+            except Exception:  # tearing down a broken group must not mask the original error
+                pass
+
+
+def _make_backend(
+    init: TransferInit, store: dist.Store, rank: int, timeout: timedelta
+) -> dist.ProcessGroup:
+    if init.backend == "gloo":
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [_gloo_device(init.master_address) for _ in range(GLOO_DEVICES)]
+        options._threads = GLOO_STREAMS
+        return dist.ProcessGroupGloo(store, rank, init.world_size, options)
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl is None or not torch.cuda.is_available():
+        raise WeightSyncError("backend 'nccl' needs a CUDA build of torch and a GPU; use 'gloo' on CPU")
+    options = nccl.Options()
+    # NCCL's watchdog tears the whole process down when its own timeout fires; ours (Work.wait) fires first
+    # and aborts the group, so a stuck engine raises WeightSyncError in the trainer instead.
+    options._timeout = timeout * 2 + timedelta(seconds=30)
+    return nccl(store, rank, init.world_size, options)
+
+
+def _gloo_device(master_address: str) -> dist.ProcessGroupGloo.Device:
+    """The gloo device on the interface that reaches the master (GLOO_SOCKET_IFNAME wins when set)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME")
+    if interface:
+        return dist.ProcessGroupGloo.create_device(interface=interface.split(",")[0])
+    return dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(master_address))
+
+
+def _local_address_towards(host: str) -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((host, 9))  # UDP connect sends nothing; it only picks the route
+            return sock.getsockname()[0]
+        except OSError:
+            return host
