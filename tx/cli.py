@@ -27,6 +27,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
+    p.add_argument("--engine-count", type=int, help="inference engines per base model (default 1)")
+    p.add_argument(
+        "--engine-colocate", action=argparse.BooleanOptionalAction, default=None,
+        help="engines share the trainer's accelerator and sleep during training (default: on with a GPU)",
+    )
+    p.add_argument("--engine-sleep-level", type=int, choices=(1, 2), help="sleep level for colocated engines")
 
 
 def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:

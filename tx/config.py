@@ -50,6 +50,18 @@ class Settings(BaseSettings):
     future_ttl_s: float = Field(3600.0, gt=0, description="How long finished results are kept.")
     proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
     max_request_bytes: int = Field(200 << 20, gt=0, description="Largest accepted request body.")
+    engine_count: int = Field(1, ge=1, le=64, description="Inference engines per served base model.")
+    engine_colocate: bool | None = Field(
+        None,
+        description="Engines share the trainer's accelerator: they sleep during training passes. "
+        "Default: true when a CUDA GPU is present, else false.",
+    )
+    engine_sleep_level: int = Field(1, ge=1, le=2, description="1: keep weights off the accelerator; 2: drop them.")
+    engine_max_adapters: int = Field(8, ge=1, description="Weight versions an engine keeps loaded.")
+    sampler_versions_kept: int = Field(
+        8, ge=1, description="Unnamed sampler weight versions kept per run; older sampling clients then fail."
+    )
+    sampling_max_queue: int = Field(1024, ge=1, description="Samples in flight before asample answers 429.")
 
     @field_validator("api_keys")
     @classmethod

@@ -15,6 +15,7 @@ def init_logging(level: str | None = None) -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("uvicorn.access").setLevel(max(logging.getLevelName(level), logging.WARNING))
 
 

@@ -32,6 +32,10 @@ class ConflictError(RuntimeError):
     """The request conflicts with the current state (e.g. a checkpoint name already taken)."""
 
 
+class OverloadedError(RuntimeError):
+    """Too much queued work; the client should back off and retry (HTTP 429)."""
+
+
 class ErrorCategory(str, Enum):
     USER = "user"
     SERVER = "server"

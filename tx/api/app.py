@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +21,14 @@ from tx.backends.base import TrainingBackend
 from tx.config import Settings
 from tx.core.checkpoints import CheckpointFiles
 from tx.core.futures import FutureRegistry
+from tx.core.sampling import SamplingService
 from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
+from tx.inference.launch import LocalLauncher
+from tx.inference.manager import EngineManager, EngineSettings
 from tx.models.serve import resolve_served_models
 from tx.store.store import SessionFinishedError, Store
-from tx.types import ConflictError, NotFoundError, UserError
+from tx.types import ConflictError, NotFoundError, OverloadedError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,25 @@ class Context:
     futures: FutureRegistry
     scheduler: Scheduler
     service: TrainingService
+    manager: EngineManager
+    sampling: SamplingService
+
+
+def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop) -> EngineManager:
+    colocate = settings.engine_colocate
+    if colocate is None:
+        import torch
+
+        colocate = torch.cuda.is_available()
+    engine_settings = EngineSettings(
+        count=settings.engine_count, colocate=colocate, sleep_level=settings.engine_sleep_level,
+        max_adapters=settings.engine_max_adapters,
+    )
+    launcher = LocalLauncher(settings.data_dir / "engines", secrets.token_urlsafe(32),
+                             max_adapters=settings.engine_max_adapters)
+    manager = EngineManager(models, engine_settings, launcher)
+    manager.bind(loop)
+    return manager
 
 
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Context:
@@ -47,10 +70,17 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
-    service = TrainingService(store, backend, futures_, scheduler, CheckpointFiles(settings.checkpoints_dir))
+    manager = build_manager(settings, models, loop)
+    service = TrainingService(
+        store, backend, futures_, scheduler, CheckpointFiles(settings.checkpoints_dir),
+        before_training=manager.before_training,
+        sampler_saved=lambda base, directory, start: manager.publish_sync(base, directory, start=start),
+        versions_kept=settings.sampler_versions_kept,
+    )
+    sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue)
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
-    return Context(settings, models, store, backend, futures_, scheduler, service)
+    return Context(settings, models, store, backend, futures_, scheduler, service, manager, sampling)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -65,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             janitor.cancel()
             ctx.scheduler.stop()
+            await ctx.manager.close()
             ctx.store.close()
 
     app = FastAPI(title="tx", lifespan=lifespan)
@@ -100,6 +131,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(NotFoundError, handler(404))
     app.add_exception_handler(ConflictError, handler(409))
     app.add_exception_handler(SessionFinishedError, handler(410))
+
+    async def overloaded(_: Request, exc: OverloadedError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": "1"})
+
+    app.add_exception_handler(OverloadedError, overloaded)
 
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 from tx.backends.base import TrainingBackend
@@ -52,6 +53,8 @@ class TrainingService:
         scheduler: Scheduler,
         files: CheckpointFiles,
         before_training: Callable[[], None] | None = None,
+        sampler_saved: Callable[[str, Path, bool], None] | None = None,
+        versions_kept: int = 8,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -59,6 +62,8 @@ class TrainingService:
         self.scheduler = scheduler
         self.files = files
         self._before_training = before_training
+        self._sampler_saved = sampler_saved
+        self._versions_kept = versions_kept
 
     # -- sessions ---------------------------------------------------------------------------
     def create_session(
@@ -211,6 +216,7 @@ class TrainingService:
                     owner, path, lambda d: self.backend.save_sampler_weights(model_id, d), ttl_s, True,
                     user_metadata,
                 )
+                self._published(owner, model_id, self.files.directory(path), start=False)
                 return SamplerSaved(path=str(path), sampling_session_id=None)
 
         else:
@@ -225,6 +231,7 @@ class TrainingService:
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         self.backend.save_sampler_weights(model_id, directory)
+        self._evict_old_versions(directory.parent)
         self.store.create_sampling_session(
             SamplingSessionRow(
                 sampling_session_id=sampler_id,
@@ -236,7 +243,18 @@ class TrainingService:
                 weights_dir=str(directory),
             )
         )
+        self._published(owner, model_id, directory, start=True)
         return SamplerSaved(path=None, sampling_session_id=sampler_id)
+
+    def _evict_old_versions(self, parent: Path) -> None:
+        versions = sorted(parent.iterdir(), key=lambda p: p.stat().st_mtime_ns)
+        for old in versions[: max(0, len(versions) - self._versions_kept)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _published(self, owner: str, model_id: str, directory: Path, *, start: bool) -> None:
+        """Tell the engines about new sampler weights (starting them only for a run about to sample)."""
+        if self._sampler_saved is not None:
+            self._sampler_saved(self.store.get_run(model_id, owner).base_model, directory, start)
 
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
         """Legacy TrainingClient.load_state*: load a checkpoint into this existing run."""

@@ -40,6 +40,12 @@ async def capabilities(ctx: Ctx, _: Caller) -> GetServerCapabilitiesResponse:
     return GetServerCapabilitiesResponse(supported_models=models)
 
 
+@router.get("/tx/engines")
+async def engines(ctx: Ctx, _: Caller) -> dict:
+    """tx's own: the inference engines, their state, weight versions and health."""
+    return {"groups": await ctx.manager.describe()}
+
+
 @router.post("/telemetry")
 async def telemetry(body: TelemetrySendRequest, _: Caller) -> TelemetryResponse:
     logger.debug("telemetry: %d events from session %s", len(body.events), body.session_id)

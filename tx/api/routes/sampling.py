@@ -1,4 +1,4 @@
-"""Sampling sessions: create one (from a base model or a tinker path) and look one up."""
+"""Sampling: sessions (from a base model or a tinker path), lookup, and asample."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import asyncio
 from fastapi import APIRouter
 
 from tx.api.deps import Caller, Ctx
+from tx.api.wire.convert import sample_request_to_domain
+from tx.api.wire.sample_schemas import SampleRequestJson
 from tx.api.wire.schemas import (
     CreateSamplingSessionRequest,
     CreateSamplingSessionResponse,
     GetSamplerResponse,
+    UntypedAPIFuture,
 )
+from tx.types import UserError
 
 router = APIRouter(tags=["sampling"])
 
@@ -32,3 +36,12 @@ async def get_sampler(sampler_id: str, ctx: Ctx, caller: Caller) -> GetSamplerRe
     row = await asyncio.to_thread(ctx.store.get_sampling_session, sampler_id, caller.owner)
     return GetSamplerResponse(sampler_id=row.sampling_session_id, base_model=row.base_model,
                               model_path=row.model_path)
+
+
+@router.post("/asample")
+async def asample(body: SampleRequestJson, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
+    if body.sampling_session_id is None or body.seq_id is None:
+        raise UserError("asample needs a sampling_session_id and a seq_id (create a sampling client first)")
+    request = sample_request_to_domain(body)
+    future, sequence_ids = await ctx.sampling.sample(caller.owner, body.sampling_session_id, body.seq_id, request)
+    return UntypedAPIFuture(request_id=future.request_id, sample_sequence_ids=sequence_ids)

@@ -1,0 +1,204 @@
+"""Sampling through the SDK: lazy engines, weight sync, logprob agreement, RL, supervision."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from txserver import API_KEY, TxServer
+
+BASE = "tiny-qwen3"
+VOCAB = 2000  # regular tokens of the tiny tokenizer; specials come after
+
+
+def engines(server: TxServer) -> list[dict]:
+    r = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=30)
+    r.raise_for_status()
+    return [e for g in r.json()["groups"] for e in g["engines"]]
+
+
+def group_state(server: TxServer) -> str:
+    r = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=30)
+    return r.json()["groups"][0]["state"]
+
+
+@pytest.fixture(scope="module")
+def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    srv = TxServer(tmp_path_factory.mktemp("tx-sampling"), args=["--no-engine-colocate"]).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(sampling_server: TxServer) -> Iterator[tinker.ServiceClient]:
+    c = tinker.ServiceClient(base_url=sampling_server.url, api_key=API_KEY)
+    yield c
+    c.close("success")
+
+
+def sft_datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+
+
+def test_sft_only_run_starts_no_engine(sampling_server: TxServer, client: tinker.ServiceClient) -> None:
+    tc = client.create_lora_training_client(BASE, rank=4).result()
+    data = [sft_datum(list(range(20, 40)))]
+    for _ in range(2):
+        tc.forward_backward(data, "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    tc.save_state("sft-only").result()
+    assert all(e["pid"] is None for e in engines(sampling_server))
+    assert group_state(sampling_server) == "absent"
+
+
+def test_sampler_logprobs_match_trainer_before_and_after_training(client: tinker.ServiceClient) -> None:
+    tc = client.create_lora_training_client(BASE, rank=8, seed=3).result()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, VOCAB, size=12).tolist() for _ in range(3)]
+
+    def check() -> None:
+        sampler = tc.save_weights_and_get_sampling_client()
+        for prompt in prompts:
+            sampled = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2,
+                                     sampling_params=types.SamplingParams(max_tokens=6, temperature=0.7)).result()
+            for seq in sampled.sequences:
+                full = prompt + list(seq.tokens)
+                trainer = tc.forward([sft_datum(full)], "cross_entropy").result()
+                train_lp = trainer.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1:]
+                np.testing.assert_allclose(seq.logprobs, train_lp, atol=1e-3)
+            prompt_lp = sampler.compute_logprobs(types.ModelInput.from_ints(prompt)).result()
+            train_prompt = tc.forward([sft_datum(prompt)], "cross_entropy").result()
+            assert prompt_lp[0] is None
+            np.testing.assert_allclose(prompt_lp[1:], train_prompt.loss_fn_outputs[0]["logprobs"].to_numpy(),
+                                       atol=1e-3)
+
+    check()
+    for _ in range(4):
+        tc.forward_backward([sft_datum(prompts[0] + [7, 8, 9])], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    check()
+
+
+def test_rl_toy_task_reward_rises(client: tinker.ServiceClient) -> None:
+    """Reward = share of sampled tokens in a fixed 5% of the vocabulary: only a working weight sync learns it."""
+    good = set(range(0, VOCAB, 20))
+    tc = client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    prompt = [11, 12, 13, 14]
+    mean_rewards = []
+    for _ in range(20):
+        sampler = tc.save_weights_and_get_sampling_client()
+        result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=16,
+                                sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0)).result()
+        rewards = np.array([np.mean([t in good for t in s.tokens]) for s in result.sequences])
+        mean_rewards.append(float(rewards.mean()))
+        advantages = rewards - rewards.mean()
+        data = []
+        for seq, adv in zip(result.sequences, advantages):
+            tokens = prompt + list(seq.tokens)
+            n_prompt = len(prompt) - 1
+            data.append(types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": tokens[1:],
+                    "logprobs": [0.0] * n_prompt + list(seq.logprobs),
+                    "advantages": [0.0] * n_prompt + [float(adv)] * len(seq.tokens),
+                },
+            ))
+        tc.forward_backward(data, "importance_sampling").result()
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    start, end = np.mean(mean_rewards[:3]), np.mean(mean_rewards[-5:])
+    assert end >= 3 * start and end >= 0.3, mean_rewards
+
+
+def test_killed_engine_is_restarted(sampling_server: TxServer, client: tinker.ServiceClient) -> None:
+    sampler = client.create_sampling_client(base_model=BASE)
+    params = types.SamplingParams(max_tokens=4, temperature=0.0)
+    first = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params).result()
+    pid = engines(sampling_server)[0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+    second = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params).result()
+    assert second.sequences[0].tokens == first.sequences[0].tokens
+    new_pid = engines(sampling_server)[0]["pid"]
+    assert new_pid != pid
+
+
+def test_older_sampling_clients_keep_their_weights(client: tinker.ServiceClient) -> None:
+    tc = client.create_lora_training_client(BASE, rank=8, seed=5).result()
+    prompt = types.ModelInput.from_ints([30, 31, 32, 33])
+    old = tc.save_weights_and_get_sampling_client()
+    before = old.compute_logprobs(prompt).result()
+    for _ in range(3):
+        tc.forward_backward([sft_datum([30, 31, 32, 33, 34])], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    new = tc.save_weights_and_get_sampling_client()
+    assert new.compute_logprobs(prompt).result()[1:] != pytest.approx(before[1:], abs=1e-4)
+    assert old.compute_logprobs(prompt).result()[1:] == pytest.approx(before[1:], abs=1e-5)
+
+
+def test_unknown_sampler_and_bad_prompt(client: tinker.ServiceClient, sampling_server: TxServer) -> None:
+    sampler = client.create_sampling_client(base_model=BASE)
+    with pytest.raises(tinker.RequestFailedError, match="vocab"):
+        sampler.sample(types.ModelInput.from_ints([1, 10_000_000]), 1,
+                       types.SamplingParams(max_tokens=2)).result(timeout=60)
+    r = httpx.post(f"{sampling_server.url}/api/v1/asample", headers={"X-API-Key": API_KEY}, json={
+        "sampling_session_id": "nope:sample:0", "seq_id": 0, "num_samples": 1,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2]}]},
+        "sampling_params": {"max_tokens": 2, "temperature": 1.0, "top_k": -1, "top_p": 1.0},
+        "prompt_logprobs": False})
+    assert r.status_code == 404 and r.json()["detail"]
+
+
+@pytest.fixture(scope="module")
+def colocated_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    srv = TxServer(tmp_path_factory.mktemp("tx-colocated"),
+                   args=["--engine-colocate", "--engine-count", "2"]).start()
+    yield srv
+    srv.stop()
+
+
+def test_colocated_engines_sleep_for_training_and_wake_to_sample(colocated_server: TxServer) -> None:
+    client = tinker.ServiceClient(base_url=colocated_server.url, api_key=API_KEY)
+    tc = client.create_lora_training_client(BASE, rank=4).result()
+    prompt = types.ModelInput.from_ints([5, 6, 7])
+    sampler = tc.save_weights_and_get_sampling_client()
+    sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).result()
+    assert group_state(colocated_server) == "awake"
+    tc.forward_backward([sft_datum([5, 6, 7, 8])], "cross_entropy").result()
+    assert group_state(colocated_server) == "asleep"
+    assert all(e["health"]["sleeping_level"] == 1 for e in engines(colocated_server)), engines(colocated_server)
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    expected = tc.forward([sft_datum([5, 6, 7, 8])], "cross_entropy").result().loss_fn_outputs[0]
+    sampler = tc.save_weights_and_get_sampling_client()  # wakes, pushes the new version
+    got = sampler.compute_logprobs(types.ModelInput.from_ints([5, 6, 7, 8])).result()
+    assert group_state(colocated_server) == "awake"
+    np.testing.assert_allclose(got[1:], expected["logprobs"].to_numpy(), atol=1e-3)
+    client.close("success")
+
+
+def test_a_sessions_requests_stay_on_one_engine(colocated_server: TxServer) -> None:
+    client = tinker.ServiceClient(base_url=colocated_server.url, api_key=API_KEY)
+    params = types.SamplingParams(max_tokens=2)
+
+    def counts() -> list[int]:
+        return [e["health"]["stats"]["num_requests"] for e in engines(colocated_server)]
+
+    for _ in range(3):
+        sampler = client.create_sampling_client(base_model=BASE)
+        before = counts()
+        for i in range(4):
+            sampler.sample(types.ModelInput.from_ints([1, 2, i + 3]), 1, params).result()
+        grown = [a - b for a, b in zip(counts(), before)]
+        assert sorted(grown) == [0, 4], grown
+    client.close("success")

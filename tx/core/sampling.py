@@ -1,0 +1,55 @@
+"""Sampling use cases: asample on a sampling session, through the engine manager."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from tx.core.futures import Future, FutureRegistry
+from tx.inference.manager import EngineManager
+from tx.store.store import Store
+from tx.types import ConflictError, ErrorCategory, NotFoundError, OverloadedError, SampleRequest, UserError
+
+logger = logging.getLogger(__name__)
+
+
+class SamplingService:
+    def __init__(self, store: Store, futures: FutureRegistry, manager: EngineManager, max_queue: int) -> None:
+        self.store = store
+        self.futures = futures
+        self.manager = manager
+        self.max_queue = max_queue
+        self._tasks: set[asyncio.Task] = set()
+
+    async def sample(
+        self, owner: str, sampling_session_id: str, seq_id: int, request: SampleRequest
+    ) -> tuple[Future, list[str]]:
+        """Submit a sample; returns its future and one sequence id per requested sample."""
+        sampler = await asyncio.to_thread(self.store.get_sampling_session, sampling_session_id, owner)
+        sequence_ids = [f"{sampling_session_id}:{seq_id}:{i}" for i in range(request.num_samples)]
+        future, created = self.futures.create(owner, "Sample", ("sample", sampling_session_id, seq_id))
+        if not created:
+            return future, sequence_ids
+        if self.manager.in_flight >= self.max_queue:
+            self.futures.fail(future, "sampling queue is full", ErrorCategory.SERVER)
+            raise OverloadedError(f"{self.manager.in_flight} samples are queued; retry shortly")
+        weights_dir = Path(sampler.weights_dir) if sampler.weights_dir else None
+        task = asyncio.create_task(
+            self._run(future, sampler.base_model, weights_dir, f"{sampling_session_id}:{seq_id}", request)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return future, sequence_ids
+
+    async def _run(self, future: Future, base_model: str, weights_dir: Path | None, session_key: str,
+                   request: SampleRequest) -> None:
+        try:
+            result = await self.manager.sample(base_model, weights_dir, session_key, request)
+        except (UserError, NotFoundError, ConflictError) as exc:
+            self.futures.fail(future, str(exc), ErrorCategory.USER)
+        except Exception as exc:  # noqa: BLE001 - any other failure is the server's
+            logger.exception("sample %s failed", future.request_id)
+            self.futures.fail(future, f"{type(exc).__name__}: {exc}", ErrorCategory.SERVER)
+        else:
+            self.futures.resolve(future, result)

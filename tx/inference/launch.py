@@ -1,0 +1,65 @@
+"""Where engines run. Today: local subprocesses (Ray actors come with the production-path work)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineProcess:
+    name: str
+    url: str
+    process: subprocess.Popen
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+class LocalLauncher:
+    """Starts embedded engines as child processes bound to loopback."""
+
+    def __init__(self, work_dir: Path, secret: str, *, host: str = "127.0.0.1",
+                 max_adapters: int = 8, startup_timeout_s: float = 300.0) -> None:
+        self.work_dir = work_dir
+        self.secret = secret
+        self.host = host
+        self.max_adapters = max_adapters
+        self.startup_timeout_s = startup_timeout_s
+
+    async def start(self, name: str, model_dir: Path) -> EngineProcess:
+        run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "stash").mkdir(mode=0o700)
+        config = EmbeddedEngineConfig(
+            model_dir=model_dir, cluster_secret=self.secret, host=self.host, port=0,
+            ready_file=run_dir / "ready.json", stash_dir=run_dir / "stash", max_adapters=self.max_adapters,
+        )
+        log = open(run_dir / "engine.log", "ab")
+        process = spawn_engine(config, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        try:
+            url = await asyncio.to_thread(wait_ready, config, process, self.startup_timeout_s)
+        except RuntimeError as exc:
+            stop_engine(process)
+            tail = (run_dir / "engine.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"engine {name} failed to start: {exc}\n{tail}") from exc
+        logger.info("engine %s (pid %d) serving %s at %s", name, process.pid, model_dir, url)
+        return EngineProcess(name=name, url=url, process=process)
+
+    async def stop(self, engine: EngineProcess) -> None:
+        await asyncio.to_thread(stop_engine, engine.process)
