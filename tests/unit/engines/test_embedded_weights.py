@@ -1,0 +1,128 @@
+"""Weights pushed into a live engine over a gloo group: LoRA adapters (PEFT) and full base weights."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+import engine_reference as reference
+from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+
+PROMPT = [5, 17, 230, 1000, 44]
+TARGETS = ["q_proj", "v_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def sender(engine):
+    """One transfer group between this process (rank 0) and the engine (rank 1)."""
+    init = TransferInit(
+        backend="gloo", master_address="127.0.0.1", master_port=free_port(), world_size=2, rank_offset=1,
+        group_name=f"test-{uuid.uuid4().hex}", timeout_s=60,
+    )
+    assert engine.post("/weights/init", init.model_dump())["weight_transfer"] in ("connecting", "ready")
+    sender = BroadcastSender(init)
+    sender.connect()
+    yield sender
+    sender.close()
+
+
+def push(engine, sender, named, adapter=None, lora=None) -> dict:
+    update = plan_update(named, bucket_bytes=1 << 16)
+    body = {"transfer": update.model_dump(), "adapter": adapter, "lora": lora}
+    with ThreadPoolExecutor(1) as pool:
+        response = pool.submit(engine.post, "/weights/update", body)
+        sender.send(named, update)
+        return response.result(timeout=60)
+
+
+def make_adapter(reference_model, seed: int):
+    """A PEFT LoRA model on a copy of the base with random non-zero B weights, and its state dict."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0)
+    model = get_peft_model(copy.deepcopy(reference_model), config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    model.eval()
+    named = [(name, t.detach().contiguous()) for name, t in get_peft_model_state_dict(model).items()]
+    return model, named, {"r": 4, "lora_alpha": 8, "target_modules": TARGETS}
+
+
+def test_lora_adapters_match_peft(engine, sender, reference_model):
+    base = engine.generate(prompt_token_ids=PROMPT, max_tokens=16, temperature=0.0, stop_at_eos=False)
+    adapters = {}
+    for name, seed in (("a1", 1), ("a2", 2)):
+        model, named, lora = make_adapter(reference_model, seed)
+        result = push(engine, sender, named, adapter=name, lora=lora)
+        assert result["num_tensors"] == len(named)
+        adapters[name] = model
+    engine.post("/weights/finish", {"version": "v1", "adapter": "a1"})
+    assert engine.health()["adapters"] == {"a1": "v1", "a2": None}
+
+    common = dict(prompt_token_ids=PROMPT, max_tokens=16, seed=5, stop_at_eos=False)
+    bodies = [dict(common, adapter=name, temperature=t) for name in ("a1", "a2", None) for t in (0.0, 0.8)]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        outs = list(pool.map(lambda body: engine.generate(**body), bodies))
+    for body, out in zip(bodies, outs):
+        seq = out["sequences"][0]
+        model = adapters.get(body["adapter"], reference_model)
+        reference.assert_raw_logprobs(model, PROMPT, seq)
+    assert outs[0]["sequences"][0]["token_ids"] != base["sequences"][0]["token_ids"]
+    assert outs[4]["sequences"][0]["token_ids"] == base["sequences"][0]["token_ids"], "base is unaffected"
+
+    engine.post("/weights/finish", {"version": "v2", "adapter": "a2", "remove_adapters": ["a1"]})
+    assert engine.health()["adapters"] == {"a2": "v2"}
+    assert engine.client.delete("/adapters/a2").json()["adapters"] == {}
+    response = engine.client.post("/generate", json={"prompt_token_ids": PROMPT, "adapter": "a2"})
+    assert response.status_code == 404
+
+
+def test_full_weights_push(engine, sender, reference_model):
+    original = [(name, t.detach().clone()) for name, t in reference_model.state_dict().items()]
+    changed_model = copy.deepcopy(reference_model)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in changed_model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    changed = [(name, t.detach().contiguous()) for name, t in changed_model.state_dict().items()]
+    push(engine, sender, changed)
+    engine.post("/weights/finish", {"version": "step-3"})
+    assert engine.health()["base_version"] == "step-3"
+    seq = engine.generate(prompt_token_ids=PROMPT, max_tokens=12, temperature=1.0, seed=1)["sequences"][0]
+    reference.assert_raw_logprobs(changed_model, PROMPT, seq)
+    push(engine, sender, original)
+    seq = engine.generate(prompt_token_ids=PROMPT, max_tokens=12, temperature=1.0, seed=1)["sequences"][0]
+    reference.assert_raw_logprobs(reference_model, PROMPT, seq)
+
+
+def test_unknown_base_tensor_is_rejected_without_hanging(engine, sender):
+    response = None
+    named = [("model.not_a_layer.weight", torch.zeros(3, 3))]
+    update = plan_update(named)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(engine.client.post, "/weights/update", json={"transfer": update.model_dump()})
+        sender.send(named, update)
+        response = pending.result(timeout=60)
+    assert response.status_code == 400 and "not_a_layer" in response.text
+
+
+def test_sleep_keeps_adapters_at_level_1_and_drops_them_at_level_2(engine, sender, reference_model):
+    model, named, lora = make_adapter(reference_model, seed=3)
+    push(engine, sender, named, adapter="kept", lora=lora)
+    body = dict(adapter="kept", prompt_token_ids=PROMPT, max_tokens=8, temperature=0.0, stop_at_eos=False)
+    before = engine.generate(**body)["sequences"][0]
+    engine.post("/sleep", {"level": 1})
+    engine.post("/wake_up")
+    assert engine.generate(**body)["sequences"][0]["token_ids"] == before["token_ids"]
+    engine.post("/sleep", {"level": 2})
+    assert engine.post("/wake_up")["sleeping_level"] == 0
+    assert engine.health()["adapters"] == {}
+    seq = engine.generate(**{**body, "adapter": None})["sequences"][0]
+    reference.assert_raw_logprobs(reference_model, PROMPT, seq)

@@ -1,0 +1,97 @@
+"""The embedded engine's HTTP face: the routes of `tx.inference.protocol`, nothing else.
+
+Every route except `GET /health` needs the cluster secret. Domain errors map to 4xx in one place:
+UserError -> 400, NotFoundError -> 404, ConflictError -> 409. Blocking operations (pause, sleep, weight
+transfer) are plain `def` routes, so FastAPI runs them in its thread pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from tx.inference import protocol as p
+from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.inference.weight_sync import TransferInit
+from tx.types import ConflictError, NotFoundError, UserError
+
+_ERROR_STATUS = {UserError: 400, NotFoundError: 404, ConflictError: 409}
+
+
+def create_app(engine: EmbeddedEngine) -> FastAPI:
+    secret = engine.config.cluster_secret.encode()
+
+    def require_secret(
+        value: Annotated[str | None, Header(alias=p.SECRET_HEADER)] = None,
+    ) -> None:
+        if value is None or not hmac.compare_digest(value.encode(), secret):
+            raise HTTPException(status_code=401, detail=f"missing or wrong {p.SECRET_HEADER}")
+
+    app = FastAPI(title="tx embedded engine")
+    _add_error_handlers(app)
+    guarded = [Depends(require_secret)]
+
+    @app.get(p.ROUTE_HEALTH)
+    def health() -> p.HealthResponse:
+        return engine.health()
+
+    @app.post(p.ROUTE_GENERATE, dependencies=guarded, response_model=p.GenerateResponse)
+    async def generate(request: p.GenerateRequest) -> Response:
+        result = await asyncio.wrap_future(engine.submit(request))
+        return Response(result.model_dump_json(), media_type="application/json")  # built by us: no re-check
+
+    @app.post(p.ROUTE_TOKENIZE, dependencies=guarded)
+    def tokenize(request: p.TokenizeRequest) -> p.TokenizeResponse:
+        return p.TokenizeResponse(token_ids=engine.tokenize(request.text, request.add_special_tokens))
+
+    @app.post(p.ROUTE_PAUSE, dependencies=guarded)
+    def pause(request: p.PauseRequest) -> p.StateResponse:
+        return engine.pause(request.mode)
+
+    @app.post(p.ROUTE_RESUME, dependencies=guarded)
+    def resume() -> p.StateResponse:
+        return engine.resume()
+
+    @app.post(p.ROUTE_SLEEP, dependencies=guarded)
+    def sleep(request: p.SleepRequest) -> p.StateResponse:
+        return engine.sleep(request.level, request.mode)
+
+    @app.post(p.ROUTE_WAKE_UP, dependencies=guarded)
+    def wake_up(request: p.WakeUpRequest) -> p.StateResponse:
+        return engine.wake_up(request.tags)
+
+    @app.post(p.ROUTE_WEIGHTS_INIT, dependencies=guarded)
+    def weights_init(request: TransferInit) -> p.HealthResponse:
+        return engine.init_transfer(request)
+
+    @app.post(p.ROUTE_WEIGHTS_UPDATE, dependencies=guarded)
+    def weights_update(request: p.WeightsUpdateRequest) -> p.WeightsUpdateResponse:
+        return engine.update_weights(request)
+
+    @app.post(p.ROUTE_WEIGHTS_FINISH, dependencies=guarded)
+    def weights_finish(request: p.WeightsFinishRequest) -> p.HealthResponse:
+        return engine.finish_weights(request)
+
+    @app.delete(p.ROUTE_ADAPTER, dependencies=guarded)
+    def delete_adapter(name: str) -> p.HealthResponse:
+        return engine.delete_adapter(name)
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    for error, status in _ERROR_STATUS.items():
+
+        async def handler(request: Request, exc: Exception, status: int = status) -> JSONResponse:
+            return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+        app.add_exception_handler(error, handler)
+
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+
+    app.add_exception_handler(Exception, internal)

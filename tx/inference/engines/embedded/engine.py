@@ -1,0 +1,143 @@
+"""The embedded engine: weights + scheduler + weight receiver behind the contract's operations.
+
+Design / who owns what:
+- `EmbeddedEngine` validates requests against the loaded model (vocabulary, adapters, lengths) and turns the
+  contract's operations into calls on its three parts; `app.py` only maps routes to these methods.
+- Sleep first pauses the scheduler (reason "sleep", with the requested mode), then frees the weights; the
+  reason stays until every tag is awake again, so requests that arrive meanwhile wait instead of failing.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+
+import torch
+
+from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+from tx.inference.engines.embedded.scheduler import Scheduler
+from tx.inference.engines.embedded.transfer import WeightReceiver
+from tx.inference.engines.embedded.weights import Weights
+from tx.inference.protocol import (
+    GenerateRequest,
+    HealthResponse,
+    PauseMode,
+    StateResponse,
+    WakeTag,
+    WeightsFinishRequest,
+    WeightsUpdateRequest,
+    WeightsUpdateResponse,
+)
+from tx.inference.weight_sync import TransferInit
+from tx.types import NotFoundError, UserError
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddedEngine:
+    """One transformers model serving the engine contract."""
+
+    def __init__(self, config: EmbeddedEngineConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.weights = Weights(config.model_dir, config.max_adapters, config.stash_dir)
+        self.scheduler = Scheduler(self.weights, config.max_batch_size, config.batch_wait_s)
+        self.receiver = WeightReceiver(self.weights)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.receiver.close()
+        self.weights.close()
+
+    # ---- sampling
+
+    def submit(self, request: GenerateRequest) -> Future:
+        self._validate(request)
+        return self.scheduler.submit(request)
+
+    def _validate(self, request: GenerateRequest) -> None:
+        weights = self.weights
+        ids = request.prompt_token_ids + request.stop_token_ids
+        bad = [t for t in ids if not 0 <= t < weights.vocab_size]
+        if bad:
+            raise UserError(f"token ids outside the vocabulary [0, {weights.vocab_size}): {bad[:5]}")
+        if request.adapter is not None and not weights.has_adapter(request.adapter):
+            raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
+        total = len(request.prompt_token_ids) + request.max_tokens
+        if total > weights.max_positions:
+            raise UserError(f"prompt + max_tokens = {total} exceeds the model's {weights.max_positions}")
+        if request.stop_strings and weights.tokenizer is None:
+            raise UserError("stop strings need a tokenizer, and this model directory has none")
+        if request.topk_prompt_logprobs > weights.vocab_size:
+            raise UserError(f"topk_prompt_logprobs must be <= vocab size {weights.vocab_size}")
+
+    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self.weights.tokenizer is None:
+            raise UserError("this model directory has no tokenizer")
+        return list(self.weights.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    # ---- lifecycle
+
+    def pause(self, mode: PauseMode) -> StateResponse:
+        self.scheduler.pause(mode)
+        return self.state()
+
+    def resume(self) -> StateResponse:
+        self.scheduler.resume()
+        return self.state()
+
+    def sleep(self, level: int, mode: PauseMode) -> StateResponse:
+        self.scheduler.pause(mode, reason="sleep")
+        self.weights.sleep(level)
+        return self.state()
+
+    def wake_up(self, tags: list[WakeTag] | None) -> StateResponse:
+        self.weights.wake(tags)
+        if not self.weights.asleep:
+            self.scheduler.resume(reason="sleep")
+        return self.state()
+
+    # ---- weights
+
+    def init_transfer(self, init: TransferInit) -> HealthResponse:
+        self.receiver.init(init)
+        return self.health()
+
+    def update_weights(self, request: WeightsUpdateRequest) -> WeightsUpdateResponse:
+        return self.receiver.update(request)
+
+    def finish_weights(self, request: WeightsFinishRequest) -> HealthResponse:
+        self.weights.set_version(request.version, request.adapter)
+        for name in request.remove_adapters:
+            if self.weights.has_adapter(name):
+                self.weights.delete_adapter(name)
+        return self.health()
+
+    def delete_adapter(self, name: str) -> HealthResponse:
+        self.weights.delete_adapter(name)
+        return self.health()
+
+    # ---- state
+
+    def state(self) -> StateResponse:
+        return StateResponse(paused=self.scheduler.paused, sleeping_level=self.weights.sleep_level)
+
+    def health(self) -> HealthResponse:
+        running, waiting = self.scheduler.counts()
+        weights = self.weights
+        return HealthResponse(
+            paused=self.scheduler.paused,
+            sleeping_level=weights.sleep_level,
+            model=str(self.config.model_dir),
+            base_version=weights.base_version,
+            adapters=dict(weights.adapters),
+            asleep_tags=sorted(weights.asleep),
+            weight_transfer=self.receiver.state,
+            num_running=running,
+            num_waiting=waiting,
+            stats=self.scheduler.stats.model_copy(),
+        )

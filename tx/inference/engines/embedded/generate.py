@@ -1,0 +1,182 @@
+"""The batched decode: left-padded prefill into a KV cache, one-token decode steps, per-row sampling.
+
+Design / who owns what:
+- `DecodeBatch` owns the model inputs of one batch (cache, attention mask, positions) and nothing else; the
+  scheduler decides when to step it, and holds the weights lock around each call.
+- `Row` is one sample: its sampling settings, its own `torch.Generator`, its tokens and RAW logprobs
+  (log_softmax of the unprocessed fp32 logits), and its stop rules.
+- `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise
+  temperature / top-k / top-p on sorted logits and inverse-CDF sampling with one uniform draw per row from the
+  row's generator, so a seeded row gives the same tokens whatever batch it runs in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from tx.inference.protocol import GenerateRequest
+
+
+@dataclass
+class Row:
+    """One sample being generated."""
+
+    request: GenerateRequest
+    sample_index: int
+    stop_ids: frozenset[int]
+    generator: torch.Generator = field(repr=False)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    @classmethod
+    def create(cls, request: GenerateRequest, sample_index: int, eos_ids: Sequence[int]) -> Row:
+        seed = request.seed + sample_index if request.seed is not None else random.getrandbits(62)
+        stop_ids = set(request.stop_token_ids) | (set(eos_ids) if request.stop_at_eos else set())
+        row = cls(request, sample_index, frozenset(stop_ids), torch.Generator().manual_seed(seed))
+        if request.max_tokens == 0:
+            row.stop_reason = "length"
+        return row
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def append(self, token: int, logprob: float, decode: Callable[[list[int]], str] | None) -> None:
+        """Record a sampled token and decide whether the row stops here (the stop token is kept)."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        if token in self.stop_ids:
+            self.stop_reason = "stop"
+        elif self.request.stop_strings and decode is not None and self._hit_stop_string(decode):
+            self.stop_reason = "stop"
+        elif len(self.token_ids) >= self.request.max_tokens:
+            self.stop_reason = "length"
+
+    def _hit_stop_string(self, decode: Callable[[list[int]], str]) -> bool:
+        text = decode(self.token_ids)
+        return any(stop in text for stop in self.request.stop_strings)
+
+
+def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
+    """One token per row from `logits` [rows, vocab] (fp32), and the raw logprob of each."""
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    tokens = raw.argmax(dim=-1)
+    sampled = [i for i, row in enumerate(rows) if row.request.temperature > 0]
+    if sampled:
+        index = torch.tensor(sampled)
+        tokens[index] = _sample_rows(logits[index].float(), [rows[i] for i in sampled])
+    chosen = raw.gather(1, tokens[:, None])[:, 0]
+    return tokens.tolist(), chosen.tolist()
+
+
+def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    """Temperature, top-k, top-p, then inverse-CDF sampling with each row's own generator."""
+    vocab = logits.shape[-1]
+    temperature = torch.tensor([row.request.temperature for row in rows])
+    top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else vocab for row in rows])
+    top_p = torch.tensor([row.request.top_p for row in rows])
+    sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True)
+    scaled = sorted_logits / temperature[:, None]
+    scaled = scaled.masked_fill(torch.arange(vocab)[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    probs = probs.masked_fill((mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0), 0.0)
+    cdf = probs.cumsum(dim=-1)
+    draws = torch.stack([torch.rand((), generator=row.generator) for row in rows]) * cdf[:, -1]
+    picked = torch.searchsorted(cdf, draws[:, None]).clamp(max=vocab - 1)
+    return sorted_ids.gather(1, picked)[:, 0]
+
+
+@dataclass
+class PromptLogprobs:
+    values: list[float | None]
+    topk: list[list[tuple[int, float]] | None] | None
+
+
+def first_scored_position(prompt_len: int, last_n: int | None) -> int:
+    """The first prompt position that gets a logprob (position 0 never does)."""
+    return max(1, prompt_len - last_n) if last_n is not None else 1
+
+
+def prompt_logprobs(kept: torch.Tensor, prompt: list[int], last_n: int | None, k: int) -> PromptLogprobs:
+    """Prompt logprobs from `kept` [K, vocab]: the logits of the row's last K positions (right-aligned)."""
+    length, num_kept = len(prompt), kept.shape[0]
+    first = first_scored_position(length, last_n)
+    offset = length - num_kept  # position of kept[0]
+    logprobs = torch.log_softmax(kept[first - 1 - offset : length - 1 - offset].float(), dim=-1)
+    targets = torch.tensor(prompt[first:length], dtype=torch.long)
+    values: list[float | None] = [None] * first
+    values += logprobs.gather(1, targets[:, None])[:, 0].tolist()
+    topk = None
+    if k > 0:
+        best = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        rows = [list(zip(ids, vals)) for ids, vals in zip(best.indices.tolist(), best.values.tolist())]
+        topk = [None] * first + rows
+    return PromptLogprobs(values, topk)
+
+
+def logits_needed(request: GenerateRequest) -> int:
+    """How many trailing positions of this prompt need logits (1 = only the next-token distribution)."""
+    if not (request.prompt_logprobs or request.topk_prompt_logprobs):
+        return 1
+    length = len(request.prompt_token_ids)
+    return max(1, length - first_scored_position(length, request.prompt_logprobs_last_n) + 1)
+
+
+class DecodeBatch:
+    """Model inputs of one left-padded batch and its KV cache."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+        self.cache = None
+        self.mask: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+
+    def prefill(self, model: torch.nn.Module, prompts: Sequence[list[int]], num_kept: int) -> torch.Tensor:
+        """Run the prompts; returns the logits of each row's last `num_kept` positions [B, K, vocab]."""
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        self.mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            self.mask[i, width - len(prompt) :] = 1
+        positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(
+            input_ids=ids,
+            attention_mask=self.mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=min(num_kept, width),
+        )
+        self.cache = out.past_key_values
+        self.positions = positions[:, -1] + 1
+        return out.logits
+
+    def step(self, model: torch.nn.Module, tokens: Sequence[int]) -> torch.Tensor:
+        """Feed one token per row; returns the next-token logits [B, vocab]."""
+        assert self.mask is not None and self.positions is not None
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        out = model(
+            input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
+            attention_mask=self.mask,
+            position_ids=self.positions[:, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.cache = out.past_key_values
+        self.positions = self.positions + 1
+        return out.logits[:, -1]
+
+    def select_rows(self, indices: Sequence[int]) -> None:
+        """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row)."""
+        assert self.mask is not None and self.positions is not None
+        index = torch.tensor(indices, dtype=torch.long)
+        self.cache.batch_select_indices(index)
+        self.mask = self.mask[index]
+        self.positions = self.positions[index]

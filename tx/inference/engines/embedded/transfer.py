@@ -1,0 +1,110 @@
+"""Receiving weights over a collective group (gloo on CPU) and applying them to the engine's `Weights`.
+
+Design / who owns what:
+- `init` builds a `BroadcastReceiver` (this engine is a single worker: rank `rank_offset`) and joins the group
+  in a background thread, so `POST /weights/init` returns at once while the trainer joins from its side.
+- `update` waits for that join, then consumes the whole broadcast (the sender waits for every bucket, so the
+  iterator is always drained, even after a bad tensor) and applies it: base tensors are copied in place one by
+  one under the weights lock; LoRA tensors are gathered and loaded as one adapter.
+- One update at a time (`_busy`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from tx.inference.engines.embedded.weights import Weights
+from tx.inference.protocol import WeightsUpdateRequest, WeightsUpdateResponse
+from tx.inference.weight_sync import BroadcastReceiver, TransferInit
+from tx.types import ConflictError, UserError
+
+logger = logging.getLogger(__name__)
+
+
+class WeightReceiver:
+    """The engine side of weight transfers."""
+
+    def __init__(self, weights: Weights) -> None:
+        self.weights = weights
+        self.state = "none"
+        self._receiver: BroadcastReceiver | None = None
+        self._thread: threading.Thread | None = None
+        self._init: TransferInit | None = None
+        self._error: BaseException | None = None
+        self._busy = threading.Lock()
+
+    def init(self, init: TransferInit) -> None:
+        """Start joining the group described by `init`; returns at once."""
+        with self._busy:
+            self.close()
+            self._init, self._error, self.state = init, None, "connecting"
+            self._receiver = BroadcastReceiver(init, rank=init.rank_offset, device=torch.device("cpu"))
+            self._thread = threading.Thread(target=self._connect, name="tx-engine-weights-init", daemon=True)
+            self._thread.start()
+
+    def _connect(self) -> None:
+        try:
+            self._receiver.connect()
+            self.state = "ready"
+        except BaseException as exc:  # reported on the next update and in /health
+            logger.exception("joining the weight transfer group failed")
+            self._error, self.state = exc, "failed"
+
+    def update(self, request: WeightsUpdateRequest) -> WeightsUpdateResponse:
+        """Receive and apply one push; returns when every tensor was applied."""
+        with self._busy:
+            receiver = self._wait_connected()
+            start = time.perf_counter()
+            received = receiver.receive(request.transfer)
+            try:
+                num_bytes = self._apply(request, received)
+            except Exception:
+                for _ in received:  # the sender waits for every bucket
+                    pass
+                raise
+            return WeightsUpdateResponse(
+                num_tensors=len(request.transfer.tensors),
+                num_bytes=num_bytes,
+                seconds=time.perf_counter() - start,
+            )
+
+    def _apply(self, request: WeightsUpdateRequest, received) -> int:
+        if request.adapter is None:
+            return self._apply_base(received)
+        tensors = dict(received)
+        self.weights.load_adapter(request.adapter, request.lora, tensors)
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def _wait_connected(self) -> BroadcastReceiver:
+        if self._thread is None or self._init is None:
+            raise ConflictError("no weight transfer group: POST /weights/init first")
+        self._thread.join(timeout=self._init.timeout_s)
+        if self.state != "ready":
+            raise ConflictError(f"the weight transfer group is {self.state}: {self._error!r}")
+        return self._receiver
+
+    def _apply_base(self, received) -> int:
+        params = self.weights.base_parameters()
+        problems, num_bytes = [], 0
+        for name, tensor in received:  # drain fully whatever happens
+            param = params.get(name)
+            if param is None or tuple(param.shape) != tuple(tensor.shape):
+                problems.append(name)
+                continue
+            self.weights.copy_base(param, tensor)
+            num_bytes += tensor.numel() * tensor.element_size()
+        if problems:
+            raise UserError(f"{len(problems)} base tensors unknown or misshaped, e.g. {problems[:5]}")
+        return num_bytes
+
+    def close(self) -> None:
+        if self._receiver is not None:
+            try:
+                self._receiver.close()
+            except Exception:
+                logger.exception("closing the weight transfer group failed")
+        self._receiver, self._thread, self.state = None, None, "none"

@@ -1,0 +1,282 @@
+"""The engine's weights: the base model, its LoRA adapters, sleep and wake.
+
+Design / who owns what:
+- `Weights` owns the one model (a transformers causal LM, fp32, sdpa) and, once an adapter arrives, the PEFT
+  `PeftModel` wrapped around it: several LoRA adapters live on one base model and `activate` picks the one a
+  batch uses (or disables them all for the base).
+- Every use or change of the model happens under `lock` (an RLock): the scheduler holds it for one forward,
+  weight updates for one tensor or one adapter, sleep for the whole offload.
+- Sleep level 1 stashes every parameter (adapters included) to a private safetensors file and frees it from
+  RAM; level 2 drops the whole model (adapters too) and wake reloads the base from `model_dir`.
+- Receiving weight updates over a collective lives in `transfer.py`; it calls `load_adapter` and `copy_base`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from tx.inference.protocol import LoraSpec, WakeTag
+from tx.types import ConflictError, NotFoundError, UserError
+
+logger = logging.getLogger(__name__)
+
+_UNSET = object()
+ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
+
+
+def load_model(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32, attn_implementation="sdpa"
+    )
+    model.eval().requires_grad_(False)
+    _materialize(model)
+    return model
+
+
+def _materialize(model: torch.nn.Module) -> None:
+    """Copy every parameter into private memory. Loaded safetensors are lazily paged views of the file: they
+    would make RSS depend on which rows a forward touched, and change if the file were rewritten in place."""
+    for param in model.parameters():
+        param.data = param.data.clone()
+
+
+def load_tokenizer(model_dir: Path):
+    """The model dir's tokenizer, or None when it has none."""
+    if not any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+class Weights:
+    """The model and adapters one engine serves, and their sleep state."""
+
+    def __init__(self, model_dir: Path, max_adapters: int, stash_dir: Path | None = None) -> None:
+        self.model_dir = Path(model_dir)
+        self.max_adapters = max_adapters
+        self.stash_dir = stash_dir
+        self.lock = threading.RLock()
+        self.model: torch.nn.Module | None = load_model(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        config = self.model.config
+        self.vocab_size: int = config.vocab_size
+        self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
+        self.eos_ids = _eos_ids(self.model)
+        pad = config.pad_token_id if config.pad_token_id is not None else (self.eos_ids or (0,))[0]
+        self.pad_id: int = int(pad)
+        self.adapters: dict[str, str | None] = {}
+        self.lora_specs: dict[str, LoraSpec] = {}
+        self._peft_names: dict[str, str] = {}  # adapter name -> PEFT's (names with dots would break modules)
+        self._num_created = 0
+        self.base_version: str | None = None
+        self.asleep: set[WakeTag] = set()
+        self.sleep_level = 0
+        self._stash: Path | None = None
+        self._active: object = _UNSET
+
+    # ---- serving
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def has_adapter(self, name: str) -> bool:
+        return name in self.adapters
+
+    def activate(self, adapter: str | None) -> None:
+        """Make the next forward use `adapter` (None = the base model). Call under `lock`."""
+        if adapter is not None and adapter not in self.adapters:
+            raise NotFoundError(f"adapter {adapter!r} is not loaded")
+        if self.model is None or "weights" in self.asleep:
+            raise ConflictError("the weights are asleep")
+        if adapter == self._active:
+            return
+        if self._is_peft():
+            if adapter is None:
+                self.model.base_model.disable_adapter_layers()
+            else:
+                self.model.base_model.enable_adapter_layers()
+                self.model.set_adapter(self._peft_names[adapter])
+        self._active = adapter
+
+    def _is_peft(self) -> bool:
+        from peft import PeftModel
+
+        return isinstance(self.model, PeftModel)
+
+    # ---- adapters
+
+    def load_adapter(self, name: str, spec: LoraSpec, tensors: dict[str, torch.Tensor]) -> None:
+        """Create (or re-create, if its config changed) adapter `name` and set its LoRA tensors."""
+        from peft import set_peft_model_state_dict
+
+        with self.lock:
+            self._require_awake()
+            if self.lora_specs.get(name) != spec:
+                self._create_adapter(name, spec)
+            state = {_peft_name(key): value for key, value in tensors.items()}
+            result = set_peft_model_state_dict(self.model, state, adapter_name=self._peft_names[name])
+            unexpected = list(getattr(result, "unexpected_keys", []) or [])
+            if unexpected:
+                raise UserError(f"unexpected LoRA tensors for adapter {name!r}: {unexpected[:5]}")
+            self._active = _UNSET
+
+    def _create_adapter(self, name: str, spec: LoraSpec) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        if name in self.adapters:
+            self._delete(name)
+        if len(self.adapters) >= self.max_adapters:
+            raise ConflictError(f"{len(self.adapters)} adapters loaded, max_adapters is {self.max_adapters}")
+        config = LoraConfig(
+            r=spec.r, lora_alpha=spec.lora_alpha, target_modules=spec.target_modules, lora_dropout=0.0,
+            bias="none", task_type="CAUSAL_LM",
+        )
+        peft_name = f"adapter_{self._num_created}"
+        self._num_created += 1
+        if self._is_peft():
+            self.model.add_adapter(peft_name, config)
+        else:
+            self.model = get_peft_model(self.model, config, adapter_name=peft_name)
+        self.model.requires_grad_(False)
+        self.adapters[name] = None
+        self.lora_specs[name] = spec
+        self._peft_names[name] = peft_name
+        self._active = _UNSET
+
+    def delete_adapter(self, name: str) -> None:
+        with self.lock:
+            if name not in self.adapters:
+                raise NotFoundError(f"adapter {name!r} is not loaded")
+            self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        del self.adapters[name], self.lora_specs[name]
+        peft_name = self._peft_names.pop(name)
+        if self.model is not None:
+            self.model.delete_adapter(peft_name)
+            if not self.adapters:  # back to the plain model: no LoRA wrappers left in the forward
+                self.model = self.model.base_model.unload()
+        self._active = _UNSET
+
+    def set_version(self, version: str, adapter: str | None) -> None:
+        with self.lock:
+            if adapter is None:
+                self.base_version = version
+            elif adapter in self.adapters:
+                self.adapters[adapter] = version
+            else:
+                raise NotFoundError(f"adapter {adapter!r} is not loaded")
+
+    # ---- base weights
+
+    def base_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The base model's parameters by their HF checkpoint names (ties listed under every name)."""
+        with self.lock:
+            self._require_awake()
+            base = self.model.base_model.model if self._is_peft() else self.model
+            return {
+                name.replace(".base_layer.", "."): param
+                for name, param in base.named_parameters(remove_duplicate=False)
+                if ".lora_" not in name
+            }
+
+    def copy_base(self, param: torch.nn.Parameter, tensor: torch.Tensor) -> None:
+        with self.lock:
+            self._require_awake()
+            param.data.copy_(tensor)
+
+    # ---- sleep and wake
+
+    def sleep(self, level: int) -> None:
+        with self.lock:
+            if "weights" not in self.asleep:
+                self._stash_weights() if level == 1 else self._drop_weights()
+                self.sleep_level = level
+            self.asleep = set(ALL_TAGS)
+            release_memory()
+
+    def wake(self, tags: Iterable[WakeTag] | None) -> None:
+        tags = set(tags or ALL_TAGS)
+        with self.lock:
+            if "weights" in tags and "weights" in self.asleep:
+                self._restore_stash() if self.sleep_level == 1 else self._reload()
+            self.asleep -= tags
+            if not self.asleep:
+                self.sleep_level = 0
+
+    def _stash_weights(self) -> None:
+        from safetensors.torch import save_file
+
+        params = dict(self.model.named_parameters())
+        fd, path = tempfile.mkstemp(prefix="tx-engine-stash-", suffix=".safetensors", dir=self.stash_dir)
+        os.close(fd)  # mkstemp made it 0600: private to this user
+        save_file({name: p.detach().contiguous() for name, p in params.items()}, path)
+        for param in params.values():
+            param.data = torch.empty(0, dtype=param.dtype)
+        self._stash = Path(path)
+        logger.info("sleep level 1: %d tensors stashed to %s", len(params), path)
+
+    def _restore_stash(self) -> None:
+        from safetensors.torch import load_file
+
+        assert self._stash is not None
+        loaded = load_file(str(self._stash))
+        for name, param in self.model.named_parameters():
+            param.data = loaded.pop(name).clone()  # private memory, not pages of the stash file
+        self._stash.unlink(missing_ok=True)
+        self._stash = None
+
+    def _drop_weights(self) -> None:
+        self.model = None
+        self.adapters.clear()
+        self.lora_specs.clear()
+        self._peft_names.clear()
+        self.base_version = None
+        self._active = _UNSET
+
+    def _reload(self) -> None:
+        self.model = load_model(self.model_dir)
+        self._active = _UNSET
+
+    def _require_awake(self) -> None:
+        if self.model is None or "weights" in self.asleep:
+            raise ConflictError("the weights are asleep; wake_up(['weights']) first")
+
+    def close(self) -> None:
+        if self._stash is not None:
+            self._stash.unlink(missing_ok=True)
+
+
+def _peft_name(name: str) -> str:
+    """PEFT state-dict names start with `base_model.model.`; accept them with or without that prefix."""
+    return name if name.startswith("base_model.model.") else "base_model.model." + name
