@@ -1,4 +1,9 @@
-"""Where engines run. Today: local subprocesses (Ray actors come with the production-path work)."""
+"""Where engines run: the `Launcher` seam, and local subprocesses (the default).
+
+A launcher starts one engine (any engine serving `tx/inference/protocol.py`) for a model directory
+and hands back an `EngineHandle`: a URL the manager talks to, and whether it is still alive. Other
+launchers (Ray actors, vLLM servers) implement the same two protocols.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,31 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
 
 logger = logging.getLogger(__name__)
+
+
+class EngineHandle(Protocol):
+    name: str
+    url: str
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def pid(self) -> int | None: ...
+
+
+class Launcher(Protocol):
+    secret: str
+
+    async def start(self, name: str, model_dir: Path) -> EngineHandle: ...
+
+    async def stop(self, engine: EngineHandle) -> None: ...
 
 
 @dataclass
@@ -61,5 +86,6 @@ class LocalLauncher:
         logger.info("engine %s (pid %d) serving %s at %s", name, process.pid, model_dir, url)
         return EngineProcess(name=name, url=url, process=process)
 
-    async def stop(self, engine: EngineProcess) -> None:
+    async def stop(self, engine: EngineHandle) -> None:
+        assert isinstance(engine, EngineProcess)
         await asyncio.to_thread(stop_engine, engine.process)

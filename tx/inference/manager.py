@@ -32,7 +32,7 @@ from pathlib import Path
 import safetensors.torch
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
-from tx.inference.launch import EngineProcess, LocalLauncher
+from tx.inference.launch import EngineHandle, Launcher
 from tx.inference.protocol import (
     ROUTE_ADAPTER,
     ROUTE_HEALTH,
@@ -75,7 +75,7 @@ class EngineSettings:
 @dataclass
 class EngineSlot:
     name: str
-    process: EngineProcess | None = None
+    process: EngineHandle | None = None
     sender: BroadcastSender | None = None
     adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -118,7 +118,7 @@ def read_adapter(weights_dir: Path) -> tuple[list[tuple[str, object]], LoraSpec]
 
 
 class EngineManager:
-    def __init__(self, model_dirs: dict[str, Path], settings: EngineSettings, launcher: LocalLauncher) -> None:
+    def __init__(self, model_dirs: dict[str, Path], settings: EngineSettings, launcher: Launcher) -> None:
         self.settings = settings
         self.launcher = launcher
         self.client = InferenceClient(engines={}, secret=launcher.secret)
@@ -132,7 +132,7 @@ class EngineManager:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def engine_processes(self) -> list[EngineProcess]:
+    def engine_processes(self) -> list[EngineHandle]:
         return [s.process for g in self.groups.values() for s in g.slots.values() if s.process is not None]
 
     async def describe(self) -> list[dict]:

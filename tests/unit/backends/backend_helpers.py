@@ -1,0 +1,63 @@
+"""Datums, batches and weight snapshots for the torch backend tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tx.types import AdamParams, Datum, ForwardBackwardInput, ModelInput
+
+TINY_NAME = "tiny-qwen3"
+TINY_VOCAB = 512
+TINY_MAX_LEN = 256
+
+
+def datum(tokens, **inputs) -> Datum:
+    """A text datum; float inputs become float32, `target_tokens` int64."""
+    arrays = {
+        key: np.asarray(value, dtype=np.int64 if key == "target_tokens" else np.float32)
+        for key, value in inputs.items()
+    }
+    return Datum(ModelInput.from_tokens(list(tokens)), arrays)
+
+
+def sequences(seed: int, count: int, length: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, TINY_VOCAB, size=(count, length))
+
+
+def sft_data(seed: int = 0, count: int = 4, length: int = 33, weights=None) -> list[Datum]:
+    """Next-token datums from random sequences: input seq[:-1], targets seq[1:]."""
+    data = []
+    for i, seq in enumerate(sequences(seed, count, length)):
+        w = np.ones(length - 1) if weights is None else weights[i]
+        data.append(datum(seq[:-1], target_tokens=seq[1:], weights=w))
+    return data
+
+
+def ce(data: list[Datum], forward_only: bool = False) -> ForwardBackwardInput:
+    return ForwardBackwardInput(data=data, loss_fn="cross_entropy", forward_only=forward_only)
+
+
+def snapshot(backend, model_id: str) -> dict[str, torch.Tensor]:
+    return {name: t.clone() for name, t in backend.iter_trainable_weights(model_id)}
+
+
+def grads(backend, model_id: str) -> dict[str, torch.Tensor | None]:
+    return {n: None if g is None else g.clone() for n, g in backend.gradients(model_id).items()}
+
+
+def randomize(backend, model_id: str, seed: int, scale: float = 0.05) -> None:
+    """Give every LoRA tensor random values (a fresh adapter's B is zero, hiding A's gradients)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, tensor in backend.iter_trainable_weights(model_id):
+            tensor.copy_(torch.randn(tensor.shape, generator=gen) * scale)
+
+
+def train(backend, model_id: str, data: list[Datum], steps: int, lr: float = 5e-3) -> list[float]:
+    """`steps` forward_backward + optim_step rounds; the loss of each round."""
+    losses = []
+    for _ in range(steps):
+        losses.append(backend.forward_backward(model_id, ce(data)).metrics["loss:sum"])
+        backend.optim_step(model_id, AdamParams(learning_rate=lr))
+    return losses

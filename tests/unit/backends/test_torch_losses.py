@@ -1,0 +1,104 @@
+"""Each loss against a hand computation: its value, and its gradient through the model.
+
+The gradient check uses the fact that for any per-token loss ℓ(logp), the model gradient equals
+that of cross_entropy with weights w = -∂ℓ/∂logp (cross_entropy's gradient is -Σ w·∇logp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from backend_helpers import TINY_NAME, ce, datum, grads, randomize, sequences
+
+from tx.backends.torch import losses
+from tx.types import ForwardBackwardInput, LoraConfig
+
+
+def _hand(name: str, logp, q, adv, config) -> tuple[np.ndarray, np.ndarray]:
+    """(per-token loss, -∂loss/∂logp) written out in numpy."""
+    low, high = config.get("clip_low_threshold", 0.2), config.get("clip_high_threshold", 0.2)
+    r = np.exp(logp - q)
+    clipped = np.clip(r, 1 - low, 1 + high)
+    if name == "importance_sampling":
+        return -r * adv, r * adv
+    if name == "ppo":
+        unclipped_wins = r * adv <= clipped * adv
+        return -np.minimum(r * adv, clipped * adv), np.where(unclipped_wins, r * adv, 0.0)
+    if name == "cispo":
+        return -clipped * adv * logp, clipped * adv
+    if name == "dro":
+        beta = config.get("beta", 0.05)
+        return -(adv * logp - beta / 2 * (logp - q) ** 2), adv - beta * (logp - q)
+    raise AssertionError(name)
+
+
+def test_cross_entropy_formula():
+    logp = torch.tensor([[-1.0, -2.0, -0.5]])
+    weights = torch.tensor([[1.0, -0.5, 0.25]])
+    got = losses.cross_entropy(logp, {"weights": weights}, {})
+    torch.testing.assert_close(got, torch.tensor([[1.0, -1.0, 0.125]]))
+
+
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("importance_sampling", {}),
+        ("ppo", {}),
+        ("ppo", {"clip_low_threshold": 0.1, "clip_high_threshold": 0.3}),
+        ("cispo", {"clip_low_threshold": 0.05, "clip_high_threshold": 0.1}),
+        ("dro", {}),
+        ("dro", {"beta": 0.5}),
+    ],
+)
+def test_rl_loss_value_and_gradient(backend, name, config):
+    backend.create_model("m", TINY_NAME, LoraConfig(rank=4, seed=0))
+    randomize(backend, "m", seed=1)
+    seqs = sequences(seed=2, count=2, length=13)
+    probe = [datum(s[:-1], target_tokens=s[1:]) for s in seqs]
+    forward = backend.forward_backward("m", ce(probe, forward_only=True))
+    logps = [o["logprobs"] for o in forward.loss_fn_outputs]
+    rng = np.random.default_rng(3)
+    # sampler logprobs near the trainer's, so ratios land both inside and outside the clip range
+    qs = [(lp + rng.normal(scale=0.3, size=lp.shape)).astype(np.float32) for lp in logps]
+    advs = [rng.normal(size=lp.shape).astype(np.float32) for lp in logps]
+    data = [datum(s[:-1], target_tokens=s[1:], logprobs=q, advantages=a) for s, q, a in zip(seqs, qs, advs)]
+
+    result = backend.forward_backward("m", ForwardBackwardInput(data, name, dict(config)))
+    rl_grads = grads(backend, "m")
+
+    hand = [_hand(name, lp.astype(np.float64), q, a, config) for lp, q, a in zip(logps, qs, advs)]
+    assert result.metrics["loss:sum"] == pytest.approx(sum(h[0].sum() for h in hand), rel=1e-4, abs=1e-4)
+    for out, lp in zip(result.loss_fn_outputs, logps):
+        np.testing.assert_allclose(out["logprobs"], lp, rtol=1e-6)
+
+    backend.delete_model("m")
+    backend.create_model("m", TINY_NAME, LoraConfig(rank=4, seed=0))
+    randomize(backend, "m", seed=1)
+    equivalent = [datum(s[:-1], target_tokens=s[1:], weights=h[1]) for s, h in zip(seqs, hand)]
+    backend.forward_backward("m", ce(equivalent))
+    for key, want in grads(backend, "m").items():
+        torch.testing.assert_close(rl_grads[key], want, rtol=1e-3, atol=1e-6)
+
+
+def test_ppo_clipping_happens_in_the_test_data():
+    r = torch.tensor([0.5, 1.0, 1.5])
+    adv = torch.tensor([1.0, 1.0, 1.0])
+    inputs = {"logprobs": torch.zeros(3), "advantages": adv}
+    got = losses.ppo(torch.log(r), inputs, {"clip_low_threshold": 0.2, "clip_high_threshold": 0.2})
+    torch.testing.assert_close(got, torch.tensor([-0.5, -1.0, -1.2]))
+
+
+def test_multi_target_cross_entropy(backend):
+    backend.create_model("m", TINY_NAME, LoraConfig(rank=4, seed=0))
+    tokens = [3, 4, 5, 6]
+    targets = np.array([[4, 9], [5, 9], [6, 9], [7, 9]])
+    weights = np.array([[1.0, 0.5], [1.0, 0.0], [0.0, -1.0], [2.0, 1.0]])
+    result = backend.forward_backward("m", ce([datum(tokens, target_tokens=targets, weights=weights)]))
+    logp = result.loss_fn_outputs[0]["logprobs"]
+    assert logp.shape == (4, 2)
+    single = backend.forward_backward(
+        "m", ce([datum(tokens, target_tokens=targets[:, 1])], forward_only=True)
+    ).loss_fn_outputs[0]["logprobs"]
+    np.testing.assert_allclose(logp[:, 1], single, rtol=1e-5)
+    assert result.metrics["loss:sum"] == pytest.approx(-(weights * logp).sum(), rel=1e-5)

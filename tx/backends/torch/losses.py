@@ -1,0 +1,178 @@
+"""The loss functions a client names in `forward_backward`, and the checks on their inputs.
+
+Every loss is a SUM over tokens and datums: the client normalises through its weights or
+advantages, so nothing here divides by a count. Each loss is written per token; `logp` is the
+trainer's log-probability of the target token, `q` the sampler's (`logprobs` input), `A` the
+`advantages` input, `r = exp(logp - q)` the importance ratio and `sg` a stop-gradient.
+
+Inputs are per datum and aligned with the datum's tokens: `target_tokens` is int64 of shape (N,)
+or (N, K) (K candidate targets per position, e.g. for distillation), and every other input has
+the same shape. Padding positions are removed by the caller's mask, never by the formulas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tx.types import UserError
+
+TARGET_KEY = "target_tokens"
+Inputs = dict[str, torch.Tensor]
+Compute = Callable[[torch.Tensor, Inputs, Mapping[str, float]], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossFn:
+    """A loss: its float inputs (besides `target_tokens`), its config keys and its per-token terms."""
+
+    name: str
+    compute: Compute
+    required: tuple[str, ...] = ()
+    defaults: Mapping[str, float] = field(default_factory=dict)  # optional input -> fill value
+    config: Mapping[str, float] = field(default_factory=dict)  # config key -> default
+
+    @property
+    def float_inputs(self) -> tuple[str, ...]:
+        return self.required + tuple(self.defaults)
+
+    def resolve_config(self, given: Mapping[str, float | str]) -> dict[str, float]:
+        """The loss_fn_config with defaults filled in; a UserError for unknown or non-numeric keys."""
+        unknown = sorted(set(given) - set(self.config))
+        if unknown:
+            accepted = ", ".join(sorted(self.config)) or "none"
+            raise UserError(
+                f"loss_fn_config keys {unknown} are not used by {self.name} (it accepts: {accepted})"
+            )
+        resolved = dict(self.config)
+        for key, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+                raise UserError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
+            resolved[key] = float(value)
+        _check_config(resolved)
+        return resolved
+
+    def validate_datum(
+        self, inputs: Mapping[str, np.ndarray], num_tokens: int, index: int
+    ) -> dict[str, np.ndarray]:
+        """Datum `index`'s inputs as int64 targets and float32 arrays of the targets' shape.
+
+        Optional inputs that are absent get their default; keys this loss does not use are ignored.
+        """
+        targets = _target_tokens(inputs, num_tokens, index)
+        arrays = {TARGET_KEY: targets}
+        for key in self.required:
+            if key not in inputs:
+                raise UserError(f"datum {index}: loss_fn_inputs lacks {key!r}, which {self.name} needs")
+        for key in self.float_inputs:
+            if key in inputs:
+                arrays[key] = _float_input(inputs[key], key, targets.shape, index)
+            else:
+                arrays[key] = np.full(targets.shape, self.defaults[key], dtype=np.float32)
+        return arrays
+
+
+def _check_config(config: Mapping[str, float]) -> None:
+    for key in ("clip_low_threshold", "clip_high_threshold"):
+        if key in config and not config[key] >= 0:
+            raise UserError(f"loss_fn_config[{key!r}] must be >= 0, got {config[key]}")
+    if config.get("clip_low_threshold", 0.0) > 1:
+        low = config["clip_low_threshold"]
+        raise UserError(f"loss_fn_config['clip_low_threshold'] must be <= 1, got {low}")
+    if "beta" in config and not config["beta"] >= 0:
+        raise UserError(f"loss_fn_config['beta'] must be >= 0, got {config['beta']}")
+
+
+def _target_tokens(inputs: Mapping[str, np.ndarray], num_tokens: int, index: int) -> np.ndarray:
+    if TARGET_KEY not in inputs:
+        raise UserError(f"datum {index}: loss_fn_inputs lacks {TARGET_KEY!r}")
+    targets = np.asarray(inputs[TARGET_KEY])
+    if not np.issubdtype(targets.dtype, np.integer):
+        raise UserError(
+            f"datum {index}: {TARGET_KEY!r} must hold integers (int64), got dtype {targets.dtype}"
+        )
+    valid_shape = targets.ndim in (1, 2) and targets.shape[0] == num_tokens
+    if not valid_shape or (targets.ndim == 2 and targets.shape[1] < 1):
+        raise UserError(
+            f"datum {index}: {TARGET_KEY!r} must have shape ({num_tokens},) or ({num_tokens}, K), "
+            f"one row per input token; got shape {targets.shape}"
+        )
+    return targets.astype(np.int64, copy=False)
+
+
+def _float_input(value: np.ndarray, key: str, shape: tuple[int, ...], index: int) -> np.ndarray:
+    array = np.asarray(value)
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise UserError(f"datum {index}: {key!r} must be float32, got dtype {array.dtype}")
+    if array.shape != shape:
+        raise UserError(
+            f"datum {index}: {key!r} must have the shape of {TARGET_KEY!r}, {shape}; got shape {array.shape}"
+        )
+    array = array.astype(np.float32, copy=False)
+    if not np.isfinite(array).all():
+        raise UserError(f"datum {index}: {key!r} holds NaN or infinite values")
+    return array
+
+
+def _ratio(logp: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+    return torch.exp(logp - inputs["logprobs"])
+
+
+def _clipped(ratio: torch.Tensor, config: Mapping[str, float]) -> torch.Tensor:
+    return ratio.clamp(1.0 - config["clip_low_threshold"], 1.0 + config["clip_high_threshold"])
+
+
+def cross_entropy(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+    """loss = -Σ w·logp, with w = `weights` (1 where absent). Any real weight works, negative too."""
+    return -inputs["weights"] * logp
+
+
+def importance_sampling(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+    """loss = -Σ r·A, r = exp(logp - q): the policy gradient, corrected for off-policy samples."""
+    return -_ratio(logp, inputs) * inputs["advantages"]
+
+
+def ppo(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+    """loss = -Σ min(r·A, clip(r, 1-low, 1+high)·A), low/high = clip_low/high_threshold (0.2)."""
+    ratio, advantages = _ratio(logp, inputs), inputs["advantages"]
+    return -torch.minimum(ratio * advantages, _clipped(ratio, config) * advantages)
+
+
+def cispo(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+    """loss = -Σ sg(clip(r, 1-low, 1+high))·A·logp: clipped ratios weight a REINFORCE term."""
+    weight = _clipped(_ratio(logp, inputs), config).detach()
+    return -weight * inputs["advantages"] * logp
+
+
+def dro(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+    """loss = -Σ [A·logp - (beta/2)·(logp - q)²], beta from loss_fn_config (default 0.05).
+
+    The quadratic term keeps the policy near the sampler's; beta 0.05 is a mild pull that
+    matches the strength of the usual KL coefficients (0.01-0.1).
+    """
+    return -(inputs["advantages"] * logp - 0.5 * config["beta"] * (logp - inputs["logprobs"]) ** 2)
+
+
+_CLIP = {"clip_low_threshold": 0.2, "clip_high_threshold": 0.2}
+_RL_INPUTS = ("logprobs", "advantages")
+
+LOSSES: dict[str, LossFn] = {
+    loss.name: loss
+    for loss in (
+        LossFn("cross_entropy", cross_entropy, defaults={"weights": 1.0}),
+        LossFn("importance_sampling", importance_sampling, required=_RL_INPUTS),
+        LossFn("ppo", ppo, required=_RL_INPUTS, config=_CLIP),
+        LossFn("cispo", cispo, required=_RL_INPUTS, config=_CLIP),
+        LossFn("dro", dro, required=_RL_INPUTS, config={"beta": 0.05}),
+    )
+}
+
+
+def get_loss(name: str) -> LossFn:
+    """The loss called `name`; a UserError listing the supported ones otherwise."""
+    if name not in LOSSES:
+        raise UserError(f"unsupported loss_fn {name!r}: this server supports {', '.join(LOSSES)}")
+    return LOSSES[name]
