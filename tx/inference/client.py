@@ -111,14 +111,18 @@ class InferenceClient:
         first = GenerateResponse.model_validate(
             await self.post(engine, ROUTE_GENERATE, request.model_dump(), headers=headers)
         )
-        sequences = [
-            await self._complete(engine, headers, request, seq) if seq.stop_reason == "abort" else seq
-            for seq in first.sequences
-        ]
-        return first.model_copy(update={"sequences": sequences})
+        sequences = await asyncio.gather(*(
+            self._complete(engine, headers, request, index, seq) if seq.stop_reason == "abort"
+            else _done(seq)
+            for index, seq in enumerate(first.sequences)
+        ))
+        return first.model_copy(update={"sequences": list(sequences)})
 
-    async def _complete(self, engine: str, headers: dict[str, str], request: GenerateRequest,
+    async def _complete(self, engine: str, headers: dict[str, str], request: GenerateRequest, index: int,
                         partial: GeneratedSequence) -> GeneratedSequence:
+        """Resend sample `index` with its tokens so far until it ends. A seeded resend after k tokens uses
+        `seed + index + k * n`: a seed of its own (sample j of the request uses seed + j, and two samples
+        aborted after the same k must not share a random stream), and the same one for the same abort."""
         tokens, logprobs = list(partial.token_ids), list(partial.logprobs)
         for _ in range(MAX_ABORT_ROUNDS):
             remaining = request.max_tokens - len(tokens)
@@ -127,7 +131,7 @@ class InferenceClient:
             resend = request.model_copy(update={
                 "prompt_token_ids": request.prompt_token_ids + tokens, "n": 1, "max_tokens": remaining,
                 "prompt_logprobs": False, "topk_prompt_logprobs": 0, "prompt_logprobs_last_n": None,
-                "seed": None if request.seed is None else request.seed + len(tokens),
+                "seed": None if request.seed is None else request.seed + index + len(tokens) * request.n,
             })
             answer = GenerateResponse.model_validate(
                 await self.post(engine, ROUTE_GENERATE, resend.model_dump(), headers=headers)
@@ -138,6 +142,10 @@ class InferenceClient:
             if piece.stop_reason != "abort":
                 return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason=piece.stop_reason)
         raise EngineRequestError(engine, 503, f"request still aborted after {MAX_ABORT_ROUNDS} resends")
+
+
+async def _done(sequence: GeneratedSequence) -> GeneratedSequence:
+    return sequence
 
 
 def _detail(response: httpx.Response) -> str:

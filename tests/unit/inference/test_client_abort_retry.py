@@ -1,0 +1,258 @@
+"""InferenceClient against a real embedded engine process (abort-retry, pickling, the secret), and the Router.
+
+The abort test pauses the engine with mode `abort` while a long greedy generation runs: the engine answers
+the partial sequence (stop reason `abort`), the client resends prompt + partial tokens, the resend waits in
+the engine's queue until `/resume`, and the caller receives one whole answer equal to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pickle
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.engines.embedded import EmbeddedEngineConfig
+from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.protocol import SECRET_HEADER, GenerateRequest
+from tx.inference.router import Router
+from tx.models.tiny import write_tiny_text_model
+
+SECRET = "client-test-" + uuid.uuid4().hex
+PROMPT = [5, 17, 230, 1000, 44]
+MAX_TOKENS = 400
+
+
+class LiveEngine:
+    def __init__(self, model_dir: Path, work: Path) -> None:
+        self.config = EmbeddedEngineConfig(
+            model_dir=model_dir, cluster_secret=SECRET, ready_file=work / "ready.json", stash_dir=work,
+            num_threads=1, log_level="warning",
+        )
+        self.process = spawn_engine(self.config)
+        self.url = wait_ready(self.config, self.process, timeout_s=180)
+        self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=60)
+
+    def post(self, path: str, body: dict | None = None) -> dict:
+        response = self.http.post(path, json=body if body is not None else {})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def stats(self) -> dict:
+        return self.http.get("/health").json()["stats"]
+
+    def close(self) -> None:
+        self.http.close()
+        stop_engine(self.process)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    model_dir = write_tiny_text_model(tmp_path_factory.mktemp("tiny-model"), preset="tiny", seed=0)
+    live = LiveEngine(model_dir, tmp_path_factory.mktemp("engine"))
+    yield live
+    live.close()
+
+
+def _request(max_tokens: int = MAX_TOKENS, **overrides) -> GenerateRequest:
+    body = dict(prompt_token_ids=PROMPT, max_tokens=max_tokens, temperature=0.0, stop_at_eos=False)
+    return GenerateRequest(**{**body, **overrides})
+
+
+def _generate(client: InferenceClient, request: GenerateRequest, key: str = "s:0"):
+    async def run():
+        try:
+            return await client.generate("e0", key, request)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def _wait_for_steps(engine: LiveEngine, start: int, at_least: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while engine.stats()["num_decode_steps"] - start < at_least:
+        assert time.monotonic() < deadline, "the engine made no progress"
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(engine):
+    answer = _generate(InferenceClient(engines={"e0": engine.url}, secret=SECRET), _request())
+    (seq,) = answer.sequences
+    assert seq.stop_reason == "length" and len(seq.token_ids) == MAX_TOKENS
+    return seq
+
+
+@pytest.mark.parametrize("pauses", [1, 2])
+def test_abort_pause_is_retried_into_one_complete_sequence(engine, uninterrupted, pauses):
+    client = InferenceClient(engines={"e0": engine.url}, secret=SECRET)
+    before = engine.stats()
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["answer"] = _generate(client, _request())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    steps = before["num_decode_steps"]
+    for i in range(pauses):
+        # mid-generation: after some steps, well before MAX_TOKENS
+        _wait_for_steps(engine, steps, at_least=40)
+        assert engine.post("/pause", {"mode": "abort"})["paused"] is True
+        # the client resends at once; the resend waits in the engine's queue until resume
+        deadline = time.monotonic() + 30
+        while engine.stats()["num_requests"] - before["num_requests"] < 2 + i:
+            assert time.monotonic() < deadline, "the client did not resend the aborted request"
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert engine.stats()["num_requests"] - before["num_requests"] == 2 + i, "one resend per abort"
+        assert engine.http.get("/health").json()["num_waiting"] == 1
+        steps = engine.stats()["num_decode_steps"]
+        assert engine.post("/resume")["paused"] is False
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    if "error" in result:
+        raise result["error"]
+
+    answer = result["answer"]
+    assert len(answer.sequences) == 1
+    (seq,) = answer.sequences
+    assert seq.stop_reason == "length"
+    assert len(seq.token_ids) == MAX_TOKENS == len(seq.logprobs)
+    assert seq.token_ids == uninterrupted.token_ids
+    assert seq.logprobs == pytest.approx(uninterrupted.logprobs, abs=1e-4)
+    after = engine.stats()
+    assert after["num_requests"] - before["num_requests"] == 1 + pauses
+    assert after["num_generated_tokens"] - before["num_generated_tokens"] == MAX_TOKENS
+
+
+def test_pickled_client_works(engine, uninterrupted):
+    client = InferenceClient(engines={"e0": engine.url}, secret=SECRET, timeout_s=123.0)
+
+    async def run():
+        first = await client.generate("e0", "s:1", _request(max_tokens=16))
+        assert client._http is not None  # a live connection pool must not travel
+        copy = pickle.loads(pickle.dumps(client))
+        assert copy._http is None
+        assert (copy.engines, copy.secret, copy.timeout_s) == (client.engines, client.secret, 123.0)
+        second = await copy.generate("e0", "s:1", _request(max_tokens=16))
+        await client.aclose()
+        await copy.aclose()
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert first.sequences[0].token_ids == second.sequences[0].token_ids == uninterrupted.token_ids[:16]
+
+
+def test_wrong_secret_is_a_clear_error(engine):
+    client = InferenceClient(engines={"e0": engine.url}, secret="not-the-secret")
+    with pytest.raises(EngineRequestError) as info:
+        _generate(client, _request(max_tokens=4))
+    assert info.value.status == 401 and info.value.name == "e0"
+    assert SECRET_HEADER in str(info.value)
+
+
+def test_unreachable_engine_is_engine_unavailable():
+    client = InferenceClient(engines={"e0": "http://127.0.0.1:9"}, secret=SECRET, timeout_s=5)
+    with pytest.raises(EngineUnavailable, match="e0"):
+        _generate(client, _request(max_tokens=4))
+
+
+# ---- the resend, against a scripted engine (no process): what the client sends after an abort
+
+
+def test_resend_bodies_after_abort_keep_samples_apart():
+    """n=2 seeded samples aborted after the same number of tokens: each resend continues its own prefix
+    with its own seed (never another sample's), asks for the remaining tokens only, and no prompt logprobs."""
+    sent: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        if len(sent) == 1:
+            seqs = [{"token_ids": [7, 8], "logprobs": [-1.0, -2.0], "stop_reason": "abort"},
+                    {"token_ids": [7, 9], "logprobs": [-1.0, -3.0], "stop_reason": "abort"}]
+            return httpx.Response(200, json={"sequences": seqs, "prompt_logprobs": [None, -0.5]})
+        n = body["max_tokens"]
+        return httpx.Response(200, json={"sequences": [
+            {"token_ids": [1] * n, "logprobs": [-0.1] * n, "stop_reason": "length"}]})
+
+    client = InferenceClient(engines={"e0": "http://engine"}, secret=SECRET,
+                             _http=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    request = _request(max_tokens=5, n=2, seed=100, temperature=1.0, prompt_logprobs=True)
+    answer = _generate(client, request)
+
+    assert [s.token_ids for s in answer.sequences] == [[7, 8, 1, 1, 1], [7, 9, 1, 1, 1]]
+    assert all(s.stop_reason == "length" and len(s.logprobs) == 5 for s in answer.sequences)
+    assert answer.prompt_logprobs == [None, -0.5]
+    first, *resends = sent
+    resends.sort(key=lambda r: r["prompt_token_ids"])  # sent concurrently
+    assert [r["prompt_token_ids"] for r in resends] == [PROMPT + [7, 8], PROMPT + [7, 9]]
+    assert all(r["n"] == 1 and r["max_tokens"] == 3 and not r["prompt_logprobs"] for r in resends)
+    seeds = [r["seed"] for r in resends]
+    original = {first["seed"] + i for i in range(first["n"])}
+    assert len(set(seeds)) == 2 and not set(seeds) & original
+
+
+# ---- Router
+
+
+def test_router_order_is_stable_and_complete():
+    engines = ["a", "b", "c", "d"]
+    router = Router(engines)
+    again = Router(list(reversed(engines)))  # the order given does not matter
+    for i in range(200):
+        key = f"session-{i}:{i % 7}"
+        order = router.order(key)
+        assert sorted(order) == engines
+        assert order == router.order(key) == again.order(key)
+        assert router.pick(key) == order[0]
+
+
+def test_router_skips_dead_engines():
+    router = Router(["a", "b", "c"])
+    for i in range(100):
+        key = f"k{i}"
+        order = router.order(key)
+        assert router.pick(key, alive=order[1:]) == order[1]
+        assert router.pick(key, alive=[order[2]]) == order[2]
+    with pytest.raises(LookupError):
+        router.pick("k", alive=[])
+    with pytest.raises(ValueError):
+        Router([])
+
+
+def test_router_spreads_keys_over_engines():
+    engines = [f"e{i}" for i in range(4)]
+    router = Router(engines)
+    counts = Counter(router.pick(f"sampler-{i}") for i in range(4000))
+    assert set(counts) == set(engines)
+    assert min(counts.values()) > 0.5 * 4000 / len(engines), counts  # no engine starved
+    assert max(counts.values()) < 1.6 * 4000 / len(engines), counts  # none overloaded
+
+
+def test_removing_an_engine_moves_only_its_keys():
+    full = Router(["e0", "e1", "e2", "e3"])
+    smaller = Router(["e0", "e1", "e3"])
+    moved = 0
+    for i in range(2000):
+        key = f"sampler-{i}"
+        home = full.pick(key)
+        if home == "e2":
+            moved += 1
+            assert smaller.pick(key) == full.pick(key, alive=["e0", "e1", "e3"]) != "e2"
+        else:
+            assert smaller.pick(key) == home, key
+    assert moved > 0
