@@ -1,0 +1,89 @@
+"""Placement logic (pure: no Ray needed): bundles, per-actor claims, validation."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tx.inference.ray.placement import ActorPlacement, PlacementSpec
+
+
+def test_separate_engines_take_whole_gpus_after_the_trainer():
+    spec = PlacementSpec(num_engines=2, num_trainer_workers=2)
+    assert spec.bundles() == [{"GPU": 1, "CPU": 1.0}] * 4 and spec.strategy == "PACK"
+    assert [spec.trainer(r).bundle_index for r in range(2)] == [0, 1]
+    assert spec.engine(0) == ActorPlacement(2, 1, 1.0, (2,))
+    assert spec.engine(1) == ActorPlacement(3, 1, 1.0, (3,))
+
+
+def test_colocated_actors_share_bundles_with_fractions():
+    spec = PlacementSpec(num_engines=2, num_trainer_workers=2, colocate=True, gpu_fraction=0.2)
+    assert spec.num_bundles == 2 and spec.num_gpus == 2
+    for i in range(2):
+        trainer, engine = spec.trainer(i), spec.engine(i)
+        assert trainer.bundle_index == engine.bundle_index == i
+        assert trainer.num_gpus == engine.num_gpus == 0.2
+        assert trainer.num_cpus == engine.num_cpus == pytest.approx(0.2)
+
+
+def test_colocated_group_is_as_wide_as_its_widest_side():
+    assert PlacementSpec(num_engines=1, num_trainer_workers=4, colocate=True).num_bundles == 4
+    assert PlacementSpec(num_engines=3, num_trainer_workers=1, colocate=True).num_bundles == 3
+
+
+def test_tensor_parallel_engine_spans_bundles_for_vllm_ray_workers():
+    spec = PlacementSpec(num_engines=2, tensor_parallel_size=2, num_trainer_workers=4, colocate=True,
+                         gpu_fraction=0.4)
+    second = spec.engine(1)
+    assert (second.bundle_index, second.bundle_indices) == (2, (2, 3))
+    assert (second.num_gpus, second.num_cpus) == (0, 0)  # its Ray workers claim the GPUs
+    assert second.env == {"VLLM_RAY_BUNDLE_INDICES": "2,3", "VLLM_RAY_PER_WORKER_GPUS": "0.4"}
+
+
+def test_cpu_only_bundles():
+    spec = PlacementSpec(num_engines=2, use_gpu=False, cpus_per_bundle=0.5)
+    assert spec.bundles() == [{"CPU": 0.5}] * 2 and spec.num_gpus == 0
+    assert spec.engine(1) == ActorPlacement(1, 0, 0.5, (1,))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_engines": 0}, "num_engines"),
+    ({"num_engines": 1, "tensor_parallel_size": 0}, "tensor_parallel_size"),
+    ({"num_engines": 1, "num_trainer_workers": -1}, "num_trainer_workers"),
+    ({"num_engines": 1, "colocate": True, "gpu_fraction": 0.6}, "gpu_fraction"),
+    ({"num_engines": 1, "gpu_fraction": 0}, "gpu_fraction"),
+    ({"num_engines": 1, "cpus_per_bundle": 0}, "cpus_per_bundle"),
+    ({"num_engines": 1, "strategy": "pack"}, "strategy"),
+    ({"num_engines": 1, "colocate": True, "use_gpu": False}, "use_gpu"),
+])
+def test_invalid_specs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PlacementSpec(**kwargs)
+
+
+def test_indices_out_of_range():
+    spec = PlacementSpec(num_engines=1, num_trainer_workers=1)
+    with pytest.raises(ValueError, match="engine index 1"):
+        spec.engine(1)
+    with pytest.raises(ValueError, match="trainer rank 1"):
+        spec.trainer(1)
+
+
+def test_cluster_without_enough_gpus_is_a_clear_error():
+    spec = PlacementSpec(num_engines=4, num_trainer_workers=2)
+    spec.check_fits({"GPU": 6.0, "CPU": 16.0})
+    with pytest.raises(ValueError, match=r"needs 6 GPU .* has 4"):
+        spec.check_fits({"GPU": 4.0, "CPU": 16.0})
+    with pytest.raises(ValueError, match=r"needs 6 GPU .* has 0"):
+        spec.check_fits({"CPU": 16.0})
+    with pytest.raises(ValueError, match=r"needs 6 CPU .* has 2"):
+        spec.check_fits({"GPU": 8.0, "CPU": 2.0})
+
+
+def test_missing_ray_names_the_extra(monkeypatch):
+    from tx.inference.ray import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError, match=r"pip install 'tx\[ray\]'"):
+        import_ray()

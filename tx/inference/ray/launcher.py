@@ -1,0 +1,205 @@
+"""`RayLauncher`: embedded engines as Ray actors in one placement group (the `Launcher` seam).
+
+Design / who owns what:
+- `connect()` joins a Ray cluster (`address`) or starts a local one (tests, one machine). The
+  launcher connects lazily on its first `start` if nothing did before.
+- The launcher owns one placement group, built from a `PlacementSpec` on the first `start` (after
+  checking the cluster can hold it). Each engine name gets a slot (bundle) the first time it starts
+  and keeps it across restarts; trainer workers get their options from `trainer_options`.
+- One `EngineActor` per engine; it owns the engine process. `start(name)` replaces any previous actor
+  of that name (the manager restarts a dead engine by starting it again). `stop` ends the engine
+  gracefully, then kills the actor. `close` kills what is left and removes the placement group.
+- The manager talks to engines over HTTP only, as with local processes; Ray places and supervises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tx.inference.ray import import_ray
+from tx.inference.ray.actor import EngineActor
+from tx.inference.ray.placement import ActorPlacement, PlacementSpec
+
+ray = import_ray()
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+logger = logging.getLogger(__name__)
+
+
+def connect(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
+            object_store_memory: int | None = None, namespace: str = "tx") -> None:
+    """Join the Ray cluster at `address` ("auto", "ray://...", "host:port"), or start a local one.
+
+    A local Ray takes `num_cpus`, `num_gpus` (logical: a machine without GPUs may declare some, which
+    is how the placement logic is tested on CPU) and `object_store_memory` (bytes; Ray's default is
+    30% of RAM). No-op if this process is already connected.
+    """
+    if ray.is_initialized():
+        return
+    if address is not None:
+        local = {"num_cpus": num_cpus, "num_gpus": num_gpus, "object_store_memory": object_store_memory}
+        if any(v is not None for v in local.values()):
+            raise ValueError("num_cpus, num_gpus and object_store_memory are for a local Ray, not an address")
+        ray.init(address=address, namespace=namespace, log_to_driver=False)
+        return
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory,
+             namespace=namespace, include_dashboard=False, log_to_driver=False)
+
+
+@functools.cache
+def _remote_engine_actor():
+    return ray.remote(EngineActor)
+
+
+def ray_options(placement: ActorPlacement, group: PlacementGroup) -> dict[str, Any]:
+    """Ray actor options for `placement` inside `group`."""
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=placement.bundle_index,
+        placement_group_capture_child_tasks=True,
+    )
+    return {"num_gpus": placement.num_gpus, "num_cpus": placement.num_cpus, "scheduling_strategy": strategy}
+
+
+@dataclass
+class RayEngine:
+    """An engine running in a Ray actor (an `EngineHandle`)."""
+
+    name: str
+    url: str
+    actor: Any  # ray.actor.ActorHandle
+    exited: Any  # ray.ObjectRef of EngineActor.wait_exit: ready once the engine or the actor is gone
+    engine_pid: int
+    node_ip: str
+    bundle_index: int
+    cuda_visible_devices: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        ready, _ = ray.wait([self.exited], timeout=0)
+        return not ready
+
+    @property
+    def pid(self) -> int:
+        """The engine process's pid on its node (`node_ip`)."""
+        return self.engine_pid
+
+
+class RayLauncher:
+    """Starts embedded engines as Ray actors placed by a `PlacementSpec`."""
+
+    def __init__(self, placement: PlacementSpec, secret: str, *, address: str | None = None,
+                 work_dir: Path | None = None, host: str | None = None, max_adapters: int = 8,
+                 num_threads: int | None = None, log_level: str = "info", startup_timeout_s: float = 300.0,
+                 placement_timeout_s: float = 60.0, stop_timeout_s: float = 10.0) -> None:
+        if placement.tensor_parallel_size != 1:
+            raise ValueError(
+                "the embedded engine runs on one device; tensor_parallel_size > 1 needs the vLLM engine"
+            )
+        self.placement = placement
+        self.secret = secret
+        self.address = address
+        self.work_dir = work_dir  # on the engine's node; None: a temporary directory there
+        self.host = host  # None: loopback on the server's node, the node's address elsewhere
+        self.max_adapters = max_adapters
+        self.num_threads = num_threads
+        self.log_level = log_level
+        self.startup_timeout_s = startup_timeout_s
+        self.placement_timeout_s = placement_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.group: PlacementGroup | None = None
+        self._group_lock = asyncio.Lock()
+        self._slots: dict[str, int] = {}  # engine name -> engine index (bundle) in the placement
+        self._engines: dict[str, RayEngine] = {}
+
+    async def start(self, name: str, model_dir: Path) -> RayEngine:
+        group = await self.placement_group()
+        previous = self._engines.pop(name, None)
+        if previous is not None:  # a dead engine being restarted: make sure its actor is gone
+            ray.kill(previous.actor, no_restart=True)
+        placement = self.placement.engine(self._slot(name))
+        fields = {
+            "model_dir": str(model_dir), "cluster_secret": self.secret, "host": self.host, "port": 0,
+            "max_adapters": self.max_adapters, "num_threads": self.num_threads, "log_level": self.log_level,
+        }
+        actor_class = _remote_engine_actor().options(max_restarts=0, **ray_options(placement, group))
+        here = ray.util.get_node_ip_address()
+        actor = actor_class.remote(name, fields, placement.env, _str(self.work_dir), here)
+        try:
+            ready = actor.ready.remote(self.startup_timeout_s)
+            info = await asyncio.wait_for(ready, self.startup_timeout_s + 30)
+        except Exception as exc:
+            ray.kill(actor, no_restart=True)
+            cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps what the actor raised
+            raise RuntimeError(f"engine {name} failed to start as a Ray actor: {cause}") from exc
+        engine = RayEngine(
+            name=name, url=info["url"], actor=actor, exited=actor.wait_exit.remote(), engine_pid=info["pid"],
+            node_ip=info["node_ip"], bundle_index=placement.bundle_index,
+            cuda_visible_devices=info["cuda_visible_devices"],
+        )
+        self._engines[name] = engine
+        logger.info("engine %s (pid %d on %s, bundle %d) serving %s at %s", name, engine.pid, engine.node_ip,
+                    engine.bundle_index, model_dir, engine.url)
+        return engine
+
+    async def stop(self, engine) -> None:
+        assert isinstance(engine, RayEngine)
+        if self._engines.get(engine.name) is engine:
+            del self._engines[engine.name]
+        if engine.alive:
+            try:
+                stopped = engine.actor.stop.remote(self.stop_timeout_s)
+                await asyncio.wait_for(stopped, self.stop_timeout_s + 10)
+            except Exception as exc:  # noqa: BLE001 - the actor is killed below either way
+                logger.warning("engine %s did not stop cleanly: %s", engine.name, exc)
+        ray.kill(engine.actor, no_restart=True)
+
+    async def close(self) -> None:
+        """Stop every engine this launcher started and remove its placement group."""
+        for engine in list(self._engines.values()):
+            await self.stop(engine)
+        if self.group is not None:
+            remove_placement_group(self.group)
+            self.group = None
+
+    async def placement_group(self) -> PlacementGroup:
+        """The launcher's placement group, created and ready (on first use)."""
+        async with self._group_lock:
+            if self.group is None:
+                connect(self.address)
+                self.placement.check_fits(ray.cluster_resources())
+                group = placement_group(self.placement.bundles(), strategy=self.placement.strategy)
+                try:
+                    await asyncio.wait_for(group.ready(), self.placement_timeout_s)
+                except TimeoutError:
+                    remove_placement_group(group)
+                    raise RuntimeError(
+                        f"the placement group ({len(self.placement.bundles())} bundles of "
+                        f"{self.placement.bundles()[0]}) was not ready after {self.placement_timeout_s} s; "
+                        f"the cluster has {ray.available_resources()} available"
+                    ) from None
+                self.group = group
+            return self.group
+
+    async def trainer_options(self, rank: int) -> dict[str, Any]:
+        """Ray actor options that place trainer worker `rank` in this launcher's group."""
+        return ray_options(self.placement.trainer(rank), await self.placement_group())
+
+    def _slot(self, name: str) -> int:
+        if name not in self._slots:
+            if len(self._slots) >= self.placement.num_engines:
+                raise ValueError(
+                    f"cannot place engine {name}: the placement holds {self.placement.num_engines} engines "
+                    f"({', '.join(self._slots)}); raise num_engines"
+                )
+            self._slots[name] = len(self._slots)
+        return self._slots[name]
+
+
+def _str(path: Path | None) -> str | None:
+    return None if path is None else str(path)

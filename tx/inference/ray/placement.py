@@ -1,0 +1,130 @@
+"""Where engines and trainer workers go in a Ray placement group: pure logic, no Ray import.
+
+Layout (engines.md §7, after SkyRL and vLLM's RLHF examples):
+- One placement group of one-GPU bundles, `[{"GPU": 1, "CPU": c}] * n`, strategy PACK.
+- Colocated: trainer rank i and the engines share the same bundles; every actor claims a fraction of
+  its bundle's GPU (`gpu_fraction`, 0.2 by default), so Ray places two of them on one GPU and gives
+  both the same CUDA_VISIBLE_DEVICES. Engine e with tensor parallel size t owns bundles
+  `e*t .. e*t+t-1`; there are `max(trainer ranks, engines * t)` bundles.
+- Not colocated: the trainer's bundles come first (`0 .. ranks-1`), the engines' after them, and
+  every actor claims its bundle's whole GPU.
+- An engine wider than one GPU (t > 1) is one actor with no resources of its own, scheduled on its
+  first bundle with child-task capture, and tells vLLM's Ray executor which bundles its workers take
+  (`VLLM_RAY_BUNDLE_INDICES`) and how much GPU each claims (`VLLM_RAY_PER_WORKER_GPUS`).
+- Without GPUs (`use_gpu=False`) bundles hold CPUs only; useful for CPU clusters and tests.
+
+The launcher turns an `ActorPlacement` into Ray's actor options; nothing here starts anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class ActorPlacement:
+    """Where one actor runs and what it claims from its bundle."""
+
+    bundle_index: int
+    num_gpus: float
+    num_cpus: float
+    bundle_indices: tuple[int, ...] = ()  # every bundle the actor's work spans (its TP ranks)
+    env: dict[str, str] = field(default_factory=dict)  # set in the actor's process before the engine starts
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementSpec:
+    """How many engines, how wide, and whether they share GPUs with trainer workers."""
+
+    num_engines: int
+    tensor_parallel_size: int = 1  # GPUs (bundles) per engine
+    num_trainer_workers: int = 0  # trainer ranks, one GPU (bundle) each
+    colocate: bool = False  # trainer workers and engines share the same bundles
+    gpu_fraction: float = 0.2  # share of a GPU each colocated actor claims (a logical amount)
+    cpus_per_bundle: float = 1.0
+    use_gpu: bool = True  # False: CPU-only bundles (no GPU claims)
+    strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        if self.num_engines < 1:
+            raise ValueError(f"num_engines must be at least 1, got {self.num_engines}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}")
+        if self.num_trainer_workers < 0:
+            raise ValueError(f"num_trainer_workers must be 0 or more, got {self.num_trainer_workers}")
+        if not 0 < self.gpu_fraction <= 0.5:
+            raise ValueError(
+                f"gpu_fraction must be in (0, 0.5] so a trainer worker and an engine fit on one GPU, "
+                f"got {self.gpu_fraction}"
+            )
+        if self.cpus_per_bundle <= 0:
+            raise ValueError(f"cpus_per_bundle must be positive, got {self.cpus_per_bundle}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.colocate and not self.use_gpu:
+            raise ValueError("colocate shares GPUs between trainers and engines: it needs use_gpu=True")
+
+    @property
+    def engine_gpus(self) -> int:
+        return self.num_engines * self.tensor_parallel_size
+
+    @property
+    def num_bundles(self) -> int:
+        if self.colocate:
+            return max(self.num_trainer_workers, self.engine_gpus)
+        return self.num_trainer_workers + self.engine_gpus
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the whole group reserves."""
+        return self.num_bundles if self.use_gpu else 0
+
+    def bundles(self) -> list[dict[str, float]]:
+        bundle = {"GPU": 1, "CPU": self.cpus_per_bundle} if self.use_gpu else {"CPU": self.cpus_per_bundle}
+        return [dict(bundle) for _ in range(self.num_bundles)]
+
+    def _claim(self) -> tuple[float, float]:
+        """(num_gpus, num_cpus) one actor claims from its bundle."""
+        if self.colocate:
+            return self.gpu_fraction, self.cpus_per_bundle * self.gpu_fraction
+        return (1 if self.use_gpu else 0), self.cpus_per_bundle
+
+    def engine(self, index: int) -> ActorPlacement:
+        """Placement of engine `index` (0-based)."""
+        if not 0 <= index < self.num_engines:
+            raise ValueError(f"engine index {index} out of range: the group holds {self.num_engines} engines")
+        tp = self.tensor_parallel_size
+        first = (0 if self.colocate else self.num_trainer_workers) + index * tp
+        indices = tuple(range(first, first + tp))
+        num_gpus, num_cpus = self._claim()
+        if tp == 1:
+            return ActorPlacement(first, num_gpus, num_cpus, indices)
+        env = {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, indices))}
+        if self.use_gpu:
+            env["VLLM_RAY_PER_WORKER_GPUS"] = str(num_gpus)
+        return ActorPlacement(first, 0, 0, indices, env)
+
+    def trainer(self, rank: int) -> ActorPlacement:
+        """Placement of trainer worker `rank` (0-based)."""
+        if not 0 <= rank < self.num_trainer_workers:
+            raise ValueError(
+                f"trainer rank {rank} out of range: "
+                f"the group holds {self.num_trainer_workers} trainer workers"
+            )
+        num_gpus, num_cpus = self._claim()
+        return ActorPlacement(rank, num_gpus, num_cpus, (rank,))
+
+    def check_fits(self, cluster_resources: dict[str, float]) -> None:
+        """ValueError, naming what is short, if the cluster cannot hold the group's bundles."""
+        need = {"GPU": float(self.num_gpus), "CPU": self.num_bundles * self.cpus_per_bundle}
+        for resource, amount in need.items():
+            have = float(cluster_resources.get(resource, 0))
+            if amount > have:
+                raise ValueError(
+                    f"the placement needs {amount:g} {resource} ({self.num_bundles} bundles: "
+                    f"{self.num_engines} engines x tensor parallel {self.tensor_parallel_size}, "
+                    f"{self.num_trainer_workers} trainer workers, colocate={self.colocate}) "
+                    f"but the Ray cluster has {have:g}"
+                )
