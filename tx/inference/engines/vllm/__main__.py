@@ -1,0 +1,122 @@
+"""`python -m tx.inference.engines.vllm`: one vLLM engine; config from TX_ENGINE_CONFIG(_FILE).
+
+Checks the vLLM version (exit code 2 with a clear message if missing or unsupported), starts `vllm serve` as a
+child on a private Unix socket, waits until it is healthy, then serves tx's routes on `host:port` and writes
+the ready file. Exits (stopping vLLM) on SIGTERM, when vLLM dies, or when its parent goes away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import uvicorn
+
+from tx.inference.engines.embedded.__main__ import _bind
+from tx.inference.engines.embedded.config import write_ready_file
+from tx.inference.engines.vllm import VllmUnavailable, require_vllm
+from tx.inference.engines.vllm.app import create_app
+from tx.inference.engines.vllm.config import VllmEngineConfig
+from tx.inference.engines.vllm.server import (
+    BASE_MODEL_NAME,
+    VllmChild,
+    VllmEngine,
+    private_dirs,
+    sleep_mode_on,
+)
+
+logger = logging.getLogger("tx.inference.engines.vllm")
+
+
+class _Server(uvicorn.Server):
+    """Writes the ready file once tx's socket is served."""
+
+    def __init__(self, config: uvicorn.Config, engine_config: VllmEngineConfig, url: str) -> None:
+        super().__init__(config)
+        self.engine_config, self.url = engine_config, url
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn would re-raise SIGTERM after serving, killing this process before it stops vLLM; `main`
+        installs handlers that only ask the server to exit."""
+        yield
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started and self.engine_config.ready_file is not None:
+            write_ready_file(self.engine_config.ready_file, self.url)
+        logger.info("vLLM engine serving at %s", self.url)
+
+
+def _watch(child: VllmChild, exit_with_parent: bool, cleanup) -> None:
+    """Exit (stopping vLLM, then `cleanup()`) when vLLM dies or, if asked, when the parent process goes away."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if child.process.poll() is not None:
+                logger.error("vLLM exited with code %s; exiting", child.process.returncode)
+                break
+            if exit_with_parent and os.getppid() != parent:
+                logger.warning("parent process %d went away; stopping vLLM and exiting", parent)
+                break
+            time.sleep(1.0)
+        child.stop(timeout_s=10)
+        cleanup()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tx-vllm-watch", daemon=True).start()
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # runs the `finally` that stops vLLM
+
+
+def main() -> None:
+    config = VllmEngineConfig.from_env()
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        version = require_vllm()
+    except VllmUnavailable as exc:
+        print(f"tx vLLM engine: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    sock = _bind(config.host, config.port)  # bound early: the port is ours while vLLM starts
+    host, port = sock.getsockname()[:2]
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    run_dir, lora_dir = private_dirs(config)
+
+    def cleanup() -> None:
+        shutil.rmtree(lora_dir, ignore_errors=True)
+        if config.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_on_signal)
+    child = VllmChild(config, run_dir, BASE_MODEL_NAME, sleep_mode_on(config))
+    child.start()
+    try:
+        child.wait_healthy(config.startup_timeout_s)
+        logger.info("vLLM %s healthy (sleep mode %s)", version, "on" if child.sleep_mode else "off")
+        _watch(child, config.exit_with_parent, cleanup)
+        engine = VllmEngine(config, child, lora_dir)
+        uv_config = uvicorn.Config(create_app(engine), log_level=config.log_level, access_log=False)
+        server = _Server(uv_config, config, url)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
+        server.run(sockets=[sock])
+    finally:
+        child.stop()
+        cleanup()
+
+
+if __name__ == "__main__":
+    main()

