@@ -27,12 +27,39 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
+    p.add_argument("--engine", choices=("embedded", "vllm"), help="inference engine (default embedded)")
     p.add_argument("--engine-count", type=int, help="inference engines per base model (default 1)")
+    p.add_argument("--engine-tensor-parallel-size", type=int, help="GPUs per vLLM engine (default 1)")
+    p.add_argument("--engine-memory-share", type=float, help="share of GPU memory per vLLM engine")
     p.add_argument(
         "--engine-colocate", action=argparse.BooleanOptionalAction, default=None,
         help="engines share the trainer's accelerator and sleep during training (default: on with a GPU)",
     )
+    p.add_argument("--ray-address", help="place engines as Ray actors ('auto', 'host:port', or 'local')")
     p.add_argument("--engine-sleep-level", type=int, choices=(1, 2), help="sleep level for colocated engines")
+    _image_arguments(p)
+
+
+def _image_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image-max-bytes", type=int, help="largest image or asset, in bytes (default 20 MiB)")
+    p.add_argument("--image-max-pixels", type=int, help="largest image, in pixels (default 4096*4096)")
+    p.add_argument(
+        "--asset-root", action="append", dest="asset_roots", type=Path,
+        help="a directory image_asset_pointer may read files from; repeatable (default: none)",
+    )
+    p.add_argument(
+        "--asset-host", action="append", dest="asset_hosts",
+        help="a host (name or name:port) image_asset_pointer may fetch from; repeatable (default: none)",
+    )
+    p.add_argument(
+        "--asset-allow-private", action=argparse.BooleanOptionalAction, default=None,
+        help="let asset fetches reach loopback, private and link-local addresses (default: refused)",
+    )
+    p.add_argument(
+        "--asset-allowed-network", action="append", dest="asset_allowed_networks",
+        help="a network (CIDR) asset fetches may reach although it is not public; repeatable",
+    )
+    p.add_argument("--asset-fetch-timeout-s", type=float, help="time limit of one asset fetch (default 10)")
 
 
 def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +67,10 @@ def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", help="hub name to file it under, e.g. Qwen/Qwen3-8B")
     p.add_argument("--hf-home", type=Path, help="HF home to write into (default $HF_HOME or ~/.cache/huggingface)")
     p.add_argument("--out", type=Path, help="write to this plain directory instead of an HF cache")
-    p.add_argument("--preset", default="tiny", help="tiny (default) or bench (~21M parameters)")
+    p.add_argument(
+        "--preset", default="tiny",
+        help="tiny (default), bench (~21M parameters) or vlm (a tiny Qwen3-VL with its image processor)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -67,6 +97,14 @@ def serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"tx serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    if settings.engine == "vllm":
+        from tx.inference.engines.vllm import VllmUnavailable, require_vllm
+
+        try:
+            require_vllm()
+        except VllmUnavailable as exc:
+            print(f"tx serve: {exc}", file=sys.stderr)
+            return 2
     app = create_app(settings)
     logger.info("tx listening on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75)
@@ -74,10 +112,10 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def make_tiny(args: argparse.Namespace) -> int:
-    from tx.models import write_tiny_text_model, write_to_hf_cache
+    from tx.models import write_tiny_model, write_to_hf_cache
 
     if args.out is not None:
-        path = write_tiny_text_model(args.out, preset=args.preset, seed=args.seed)
+        path = write_tiny_model(args.out, preset=args.preset, seed=args.seed)
     else:
         hf_home = args.hf_home or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
         path = write_to_hf_cache(args.name, hf_home, preset=args.preset, seed=args.seed)

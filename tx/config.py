@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -50,7 +51,14 @@ class Settings(BaseSettings):
     future_ttl_s: float = Field(3600.0, gt=0, description="How long finished results are kept.")
     proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
     max_request_bytes: int = Field(200 << 20, gt=0, description="Largest accepted request body.")
+    engine: Literal["embedded", "vllm"] = Field(
+        "embedded", description="Inference engine: the embedded transformers engine, or vLLM (the [vllm] extra)."
+    )
     engine_count: int = Field(1, ge=1, le=64, description="Inference engines per served base model.")
+    engine_tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine.")
+    engine_memory_share: float | None = Field(
+        None, gt=0, le=1, description="Share of each GPU's memory a vLLM engine may use (vLLM's default if unset)."
+    )
     engine_colocate: bool | None = Field(
         None,
         description="Engines share the trainer's accelerator: they sleep during training passes. "
@@ -61,7 +69,36 @@ class Settings(BaseSettings):
     sampler_versions_kept: int = Field(
         8, ge=1, description="Unnamed sampler weight versions kept per run; older sampling clients then fail."
     )
+    ray_address: str | None = Field(
+        None, description="Place engines as Ray actors on this cluster ('auto', 'host:port', 'local' "
+        "for a Ray started by tx). Needs the [ray] extra. Unset: local processes."
+    )
     sampling_max_queue: int = Field(1024, ge=1, description="Samples in flight before asample answers 429.")
+    image_max_bytes: int = Field(20 << 20, ge=1, description="Largest image (or image asset), in bytes.")
+    image_max_pixels: int = Field(
+        4096 * 4096, ge=1, description="Largest image, in pixels (width x height, checked before decoding)."
+    )
+    asset_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories whose files image_asset_pointer may read (absolute paths or file:// URLs). "
+        "Empty = no local files.",
+    )
+    asset_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts image_asset_pointer may fetch from over http(s): 'name' (any port) or "
+        "'name:port'. "
+        "Empty = no fetching.",
+    )
+    asset_allow_private: bool = Field(
+        False,
+        description="Let asset fetches reach loopback, private and link-local addresses (refused by default, "
+        "checked after name resolution and on every redirect).",
+    )
+    asset_allowed_networks: list[str] = Field(
+        default_factory=list,
+        description="Networks (CIDR) asset fetches may reach although not public, e.g. 10.1.2.0/24.",
+    )
+    asset_fetch_timeout_s: float = Field(10.0, gt=0, le=300, description="Time limit of one asset fetch.")
 
     @field_validator("api_keys")
     @classmethod
@@ -70,6 +107,13 @@ class Settings(BaseSettings):
             if not key.startswith("tml-"):
                 raise ValueError("every API key must start with 'tml-' (the tinker SDK requires it)")
         return keys
+
+    @field_validator("asset_allowed_networks")
+    @classmethod
+    def _networks_parse(cls, networks: list[str]) -> list[str]:
+        for network in networks:
+            ipaddress.ip_network(network, strict=False)  # ValueError names the bad one
+        return networks
 
     @model_validator(mode="after")
     def _refuse_open_public_bind(self) -> Settings:

@@ -13,6 +13,7 @@ import pytest
 import tinker
 from tinker import types
 
+from rl_toy import assert_reward_rose, run_rl_toy
 from txserver import API_KEY, TxServer
 
 BASE = "tiny-qwen3"
@@ -92,33 +93,7 @@ def test_sampler_logprobs_match_trainer_before_and_after_training(client: tinker
 
 def test_rl_toy_task_reward_rises(client: tinker.ServiceClient) -> None:
     """Reward = share of sampled tokens in a fixed 5% of the vocabulary: only a working weight sync learns it."""
-    good = set(range(0, VOCAB, 20))
-    tc = client.create_lora_training_client(BASE, rank=8, seed=0).result()
-    prompt = [11, 12, 13, 14]
-    mean_rewards = []
-    for _ in range(20):
-        sampler = tc.save_weights_and_get_sampling_client()
-        result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=16,
-                                sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0)).result()
-        rewards = np.array([np.mean([t in good for t in s.tokens]) for s in result.sequences])
-        mean_rewards.append(float(rewards.mean()))
-        advantages = rewards - rewards.mean()
-        data = []
-        for seq, adv in zip(result.sequences, advantages):
-            tokens = prompt + list(seq.tokens)
-            n_prompt = len(prompt) - 1
-            data.append(types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={
-                    "target_tokens": tokens[1:],
-                    "logprobs": [0.0] * n_prompt + list(seq.logprobs),
-                    "advantages": [0.0] * n_prompt + [float(adv)] * len(seq.tokens),
-                },
-            ))
-        tc.forward_backward(data, "importance_sampling").result()
-        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
-    start, end = np.mean(mean_rewards[:3]), np.mean(mean_rewards[-5:])
-    assert end >= 3 * start and end >= 0.3, mean_rewards
+    assert_reward_rose(run_rl_toy(client, BASE))
 
 
 def test_killed_engine_is_restarted(sampling_server: TxServer, client: tinker.ServiceClient) -> None:

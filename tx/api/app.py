@@ -24,8 +24,9 @@ from tx.core.futures import FutureRegistry
 from tx.core.sampling import SamplingService
 from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
-from tx.inference.launch import LocalLauncher
+from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
+from tx.inference.multimodal import ImageInputs
 from tx.models.serve import resolve_served_models
 from tx.store.store import SessionFinishedError, Store
 from tx.types import ConflictError, NotFoundError, OverloadedError, UserError
@@ -56,17 +57,43 @@ def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.Abs
         count=settings.engine_count, colocate=colocate, sleep_level=settings.engine_sleep_level,
         max_adapters=settings.engine_max_adapters,
     )
-    launcher = LocalLauncher(settings.data_dir / "engines", secrets.token_urlsafe(32),
-                             max_adapters=settings.engine_max_adapters)
-    manager = EngineManager(models, engine_settings, launcher)
+    manager = EngineManager(models, engine_settings, build_launcher(settings, len(models), colocate))
     manager.bind(loop)
     return manager
+
+
+def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launcher:
+    """Local engine processes by default; Ray actors in a placement group with --ray-address."""
+    secret, work_dir = secrets.token_urlsafe(32), settings.data_dir / "engines"
+    if settings.engine == "vllm":
+        if settings.ray_address is not None:
+            raise ValueError("--engine vllm with --ray-address is not supported yet: run vLLM engines locally")
+        from tx.inference.engines.vllm.launch import VllmLauncher
+
+        extra = ["--tensor-parallel-size", str(settings.engine_tensor_parallel_size)]
+        return VllmLauncher(work_dir, secret, max_adapters=settings.engine_max_adapters, extra_args=extra,
+                            gpu_memory_utilization=settings.engine_memory_share)
+    if settings.ray_address is None:
+        return LocalLauncher(work_dir, secret, max_adapters=settings.engine_max_adapters)
+    from tx.inference.ray.launcher import RayLauncher, connect
+    from tx.inference.ray.placement import PlacementSpec
+
+    address = None if settings.ray_address == "local" else settings.ray_address
+    connect(address)
+    import ray
+
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    spec = PlacementSpec(num_engines=settings.engine_count * num_models, colocate=colocate and use_gpu,
+                         use_gpu=use_gpu)
+    return RayLauncher(spec, secret, address=address, work_dir=work_dir,
+                       max_adapters=settings.engine_max_adapters)
 
 
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Context:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
-    backend = create_backend(settings.backend, models, device=settings.device)
+    images = ImageInputs.from_settings(settings)
+    backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits)
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
@@ -77,7 +104,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
         sampler_saved=lambda base, directory, start: manager.publish_sync(base, directory, start=start),
         versions_kept=settings.sampler_versions_kept,
     )
-    sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue)
+    sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, images)
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
     return Context(settings, models, store, backend, futures_, scheduler, service, manager, sampling)

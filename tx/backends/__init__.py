@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tx.backends.base import TrainingBackend
 
+if TYPE_CHECKING:
+    from tx.inference.multimodal import ImageLimits
 
-def create_backend(name: str, models: dict[str, Path], *, device: str = "auto") -> TrainingBackend:
+
+def create_backend(
+    name: str, models: dict[str, Path], *, device: str = "auto", image_limits: ImageLimits | None = None
+) -> TrainingBackend:
     """Build the backend called `name`, importing its heavy library only now."""
     if name == "torch":
         from tx.backends.torch.backend import TorchBackend
 
-        return TorchBackend(models, device=device)
+        return TorchBackend(models, device=device, image_limits=image_limits)
     raise ValueError(f"unknown training backend {name!r}: choose 'torch' (jax is not available yet)")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
+from tx.inference.multimodal import ImageInputs
 from tx.store.store import Store
 from tx.types import ConflictError, ErrorCategory, NotFoundError, OverloadedError, SampleRequest, UserError
 
@@ -15,11 +16,13 @@ logger = logging.getLogger(__name__)
 
 
 class SamplingService:
-    def __init__(self, store: Store, futures: FutureRegistry, manager: EngineManager, max_queue: int) -> None:
+    def __init__(self, store: Store, futures: FutureRegistry, manager: EngineManager, max_queue: int,
+                 images: ImageInputs | None = None) -> None:
         self.store = store
         self.futures = futures
         self.manager = manager
         self.max_queue = max_queue
+        self.images = images or ImageInputs()  # default: no asset pointers, default caps
         self._tasks: set[asyncio.Task] = set()
 
     async def sample(
@@ -45,6 +48,8 @@ class SamplingService:
     async def _run(self, future: Future, base_model: str, weights_dir: Path | None, session_key: str,
                    request: SampleRequest) -> None:
         try:
+            if request.prompt.has_images:  # fetch asset pointers, check caps (blocking I/O: off the loop)
+                request = await asyncio.to_thread(self.images.prepare_request, request)
             result = await self.manager.sample(base_model, weights_dir, session_key, request)
         except (UserError, NotFoundError, ConflictError) as exc:
             self.futures.fail(future, str(exc), ErrorCategory.USER)

@@ -39,6 +39,8 @@ class Launcher(Protocol):
 
     async def stop(self, engine: EngineHandle) -> None: ...
 
+    async def close(self) -> None: ...
+
 
 @dataclass
 class EngineProcess:
@@ -89,3 +91,6 @@ class LocalLauncher:
     async def stop(self, engine: EngineHandle) -> None:
         assert isinstance(engine, EngineProcess)
         await asyncio.to_thread(stop_engine, engine.process)
+
+    async def close(self) -> None:
+        """Nothing to release: every engine process is stopped through `stop`."""

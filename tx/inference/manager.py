@@ -48,6 +48,7 @@ from tx.inference.protocol import (
     WeightsFinishRequest,
     WeightsUpdateRequest,
 )
+from tx.inference.multimodal import ExpandedInput, expand_input
 from tx.inference.router import Router
 from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
 from tx.types import SampleRequest, SampleResult, UserError
@@ -128,6 +129,7 @@ class EngineManager:
         }
         self.in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task] = set()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -158,11 +160,12 @@ class EngineManager:
         group = self.groups[base_model]
         self.in_flight += 1
         try:
+            prompt = await self._expand(group, request)  # a bad image fails before any engine starts
             async with group.cond:
                 await self._ensure_awake(group)
                 group.active += 1
             try:
-                return await self._sample_once_or_twice(group, weights_dir, session_key, request)
+                return await self._sample_once_or_twice(group, weights_dir, session_key, request, prompt)
             finally:
                 async with group.cond:
                     group.active -= 1
@@ -170,16 +173,25 @@ class EngineManager:
         finally:
             self.in_flight -= 1
 
+    async def _expand(self, group: EngineGroup, request: SampleRequest) -> ExpandedInput | None:
+        """Image chunks -> placeholder tokens of the model's processor (None for a text-only prompt)."""
+        if not request.prompt.has_images:
+            return None
+        return await asyncio.to_thread(
+            expand_input, group.model_dir, request.prompt, model_name=group.base_model
+        )
+
     async def _sample_once_or_twice(self, group: EngineGroup, weights_dir: Path | None, session_key: str,
-                                    request: SampleRequest) -> SampleResult:
+                                    request: SampleRequest, prompt: ExpandedInput | None) -> SampleResult:
         sampler_id = session_key.rsplit(":", 1)[0]  # a session's requests share an engine
-        key = group.router.pick(sampler_id, self._alive(group) or None)
-        slot = group.slots[key]
+        alive = self._alive(group)
+        self._restart_dead_in_background(group, alive)
+        slot = group.slots[group.router.pick(sampler_id, alive or None)]
         for attempt in (1, 2):
             try:
                 await self._ensure_running(group, slot)
                 adapter = await self._ensure_adapter(slot, weights_dir)
-                generate = GenerateRequest.from_sample_request(request, adapter)
+                generate = GenerateRequest.from_sample_request(request, adapter, prompt)
                 answer = await self.client.generate(slot.name, session_key, generate)
                 return answer.to_sample_result()
             except EngineUnavailable as exc:
@@ -195,6 +207,14 @@ class EngineManager:
 
     def _alive(self, group: EngineGroup) -> list[str]:
         return [k for k, s in group.slots.items() if s.process is not None and s.process.alive]
+
+    def _restart_dead_in_background(self, group: EngineGroup, alive: list[str]) -> None:
+        """Requests skip a dead engine; it comes back on its own, without holding them up."""
+        for key, slot in group.slots.items():
+            if key not in alive and slot.process is not None and not slot.lock.locked():
+                task = asyncio.create_task(self._ensure_running(group, slot))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
 
     # -- weights ----------------------------------------------------------------------------
     async def publish(self, base_model: str, weights_dir: Path, *, start: bool) -> None:
@@ -317,11 +337,14 @@ class EngineManager:
         asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         for group in self.groups.values():
             for slot in group.slots.values():
                 slot.reset()
                 if slot.process is not None:
                     await self.launcher.stop(slot.process)
+        await self.launcher.close()
         await self.client.aclose()
 
 

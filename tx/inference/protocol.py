@@ -16,6 +16,12 @@ Design / who owns what:
 - Sleep level 1 keeps the weights off the accelerator (on CPU: in a private temp file) and wake restores them,
   adapters included; level 2 drops every weight (adapters too) and wake reloads the base from the model dir,
   so the manager must push its current weights again after a level-2 wake.
+- Images: a prompt with images carries its token ids with the image placeholder tokens already spliced in (as
+  many as the model's processor makes of each image), plus `images`: each image's encoded bytes (base64 in
+  JSON, never pickled) and the placeholder span it fills. The embedded engine runs the model's image processor
+  on them. The vLLM engine passes them as `multi_modal_data` images; vLLM expands a single placeholder per
+  image itself, so its adapter collapses each span to one placeholder token and checks that the prompt vLLM
+  scored has the same length (prompt logprobs must keep one entry per position of `prompt_token_ids`).
 - Weight transfer: `POST /weights/init` joins a collective group in the background and returns at once;
   `POST /weights/update` returns when every tensor was received and applied; `POST /weights/finish` labels the
   version and may remove old adapters. Nothing is pickled; tensors travel over the collective only.
@@ -23,12 +29,16 @@ Design / who owns what:
 
 from __future__ import annotations
 
-from typing import Literal
+import base64
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tx.inference.weight_sync.types import TransferInit, TransferUpdate
 from tx.types import SampledSequence, SampleRequest, SampleResult, StopReason
+
+if TYPE_CHECKING:
+    from tx.inference.multimodal import ExpandedInput
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
 
@@ -53,10 +63,25 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class PromptImage(_Wire):
+    """An image of a prompt: its encoded bytes and the span of placeholder tokens it fills."""
+
+    data: str = Field(description="base64 (standard alphabet) of the PNG or JPEG bytes")
+    format: Literal["png", "jpeg"]
+    offset: int = Field(ge=0, description="index in prompt_token_ids of the image's first placeholder token")
+    num_tokens: int = Field(ge=1, description="placeholder tokens the image fills")
+
+    def image_bytes(self) -> bytes:
+        return base64.b64decode(self.data, validate=True)
+
+
 class GenerateRequest(_Wire):
     """Token ids in; `n` samples of at most `max_tokens` tokens out."""
 
     prompt_token_ids: list[int] = Field(min_length=1)
+    images: list[PromptImage] = Field(
+        default_factory=list, description="the prompt's images, in order; their placeholders are in the ids"
+    )
     n: int = Field(default=1, ge=1, le=1024, description="number of samples")
     max_tokens: int = Field(default=16, ge=0, description="new tokens per sample (0: prompt logprobs only)")
     temperature: float = Field(default=1.0, ge=0.0, description="0 = greedy")
@@ -76,11 +101,21 @@ class GenerateRequest(_Wire):
     adapter: str | None = Field(default=None, description="a loaded adapter's name; null = the base model")
 
     @classmethod
-    def from_sample_request(cls, request: SampleRequest, adapter: str | None = None) -> GenerateRequest:
-        """The engine request for a domain `SampleRequest` (text-only prompts)."""
+    def from_sample_request(
+        cls, request: SampleRequest, adapter: str | None = None, prompt: ExpandedInput | None = None
+    ) -> GenerateRequest:
+        """The engine request for a domain `SampleRequest`. A prompt with images must come `prompt`-expanded
+        (`tx.inference.multimodal.expand_input`); without it, the prompt must be text only."""
         params = request.params
+        token_ids = prompt.token_ids if prompt is not None else request.prompt.text_tokens()
+        images = [
+            PromptImage(data=base64.b64encode(p.data).decode("ascii"), format=p.format, offset=p.offset,
+                        num_tokens=p.num_tokens)
+            for p in (prompt.images if prompt is not None else ())
+        ]
         return cls(
-            prompt_token_ids=request.prompt.text_tokens(),
+            prompt_token_ids=token_ids,
+            images=images,
             n=request.num_samples,
             max_tokens=params.max_tokens,
             temperature=params.temperature,
@@ -248,6 +283,7 @@ __all__ = [
     "LoraSpec",
     "PauseMode",
     "PauseRequest",
+    "PromptImage",
     "SleepRequest",
     "StateResponse",
     "StopReasonName",

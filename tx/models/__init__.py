@@ -1,12 +1,14 @@
-"""Model files for tx: tiny random Qwen3 models, their synthetic tokenizer, and finding models on disk.
+"""Model files for tx: tiny random Qwen3 and Qwen3-VL models, their synthetic tokenizer, and finding models on
+disk.
 
-Public surface: `build_tokenizer`, `write_tiny_text_model`, `PRESETS`, `write_to_hf_cache` and
-`resolve_model_dir`. Heavy libraries (torch, transformers) are imported inside the functions that need them.
+Public surface: `build_tokenizer`, `write_tiny_model` (a text preset or "vlm"), `write_tiny_text_model`, `PRESETS`,
+`write_to_hf_cache` and `resolve_model_dir`. Heavy libraries (torch, transformers) are imported inside the
+functions that need them.
 """
 
 from tx.models.hub import write_to_hf_cache
 from tx.models.resolve import resolve_model_dir
-from tx.models.tiny import PRESETS, TinyPreset, write_tiny_text_model
+from tx.models.tiny import PRESETS, TinyPreset, write_tiny_model, write_tiny_text_model
 from tx.models.tokenizer import build_tokenizer
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "TinyPreset",
     "build_tokenizer",
     "resolve_model_dir",
+    "write_tiny_model",
     "write_tiny_text_model",
     "write_to_hf_cache",
 ]

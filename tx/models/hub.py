@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tx.models.tiny import write_tiny_text_model
+from tx.models.tiny import write_tiny_model
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def write_to_hf_cache(name: str, hf_home: Path, preset: str = "tiny", seed: int 
     snapshot.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{commit}.tmp-", dir=snapshot.parent))
     try:
-        write_tiny_text_model(staging, preset=preset, seed=seed)
+        write_tiny_model(staging, preset=preset, seed=seed)
         staging.chmod(0o755)
         _replace_dir(staging, snapshot)
     except BaseException:

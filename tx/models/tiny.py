@@ -79,7 +79,7 @@ PRESETS: Mapping[str, TinyPreset] = MappingProxyType(
 """The tiny model shapes by name: "tiny" for tests (~0.4M parameters), "bench" for benchmarks (~21M)."""
 
 
-def _token_ids(directory: Path) -> dict[str, int]:
+def token_ids(directory: Path) -> dict[str, int]:
     """Ids of the special and added tokens, read back from the tokenizer.json just written."""
     data = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
     return {entry["content"]: entry["id"] for entry in data["added_tokens"]}
@@ -108,6 +108,15 @@ def _qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
     )
 
 
+def write_tiny_model(directory: Path, preset: str = "tiny", seed: int = 0) -> Path:
+    """Write the tiny model called `preset`: a text preset of `PRESETS`, or "vlm" (a tiny Qwen3-VL)."""
+    if preset == "vlm":
+        from tx.models.tiny_vlm import write_tiny_vlm
+
+        return write_tiny_vlm(directory, seed=seed)
+    return write_tiny_text_model(directory, preset=preset, seed=seed)
+
+
 def write_tiny_text_model(directory: Path, preset: str = "tiny", seed: int = 0) -> Path:
     """Write a random Qwen3 model of shape `PRESETS[preset]` plus its tokenizer into `directory`.
 
@@ -115,7 +124,7 @@ def write_tiny_text_model(directory: Path, preset: str = "tiny", seed: int = 0) 
     (preset, seed) gives the same weights. The global torch RNG is left untouched. Returns `directory`.
     """
     if preset not in PRESETS:
-        raise ValueError(f"unknown tiny-model preset {preset!r}; choose one of {sorted(PRESETS)}")
+        raise ValueError(f"unknown tiny-model preset {preset!r}; choose one of {[*sorted(PRESETS), 'vlm']}")
     import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig, Qwen3ForCausalLM
@@ -123,7 +132,7 @@ def write_tiny_text_model(directory: Path, preset: str = "tiny", seed: int = 0) 
     shape = PRESETS[preset]
     directory = Path(directory)
     build_tokenizer(directory)
-    ids = _token_ids(directory)
+    ids = token_ids(directory)
     num_tokens = max(ids.values()) + 1
     if num_tokens > shape.vocab_size:
         raise ValueError(f"preset {preset!r} has vocab_size {shape.vocab_size} < tokenizer size {num_tokens}")

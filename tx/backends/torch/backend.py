@@ -27,6 +27,7 @@ from tx.backends.torch.losses import get_loss
 from tx.backends.torch.model import load_causal_lm, read_model_info, resolve_device
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.run import Run
+from tx.inference.multimodal import ImageLimits, vision_processor
 from tx.types import (
     AdamParams,
     BaseModelInfo,
@@ -43,10 +44,14 @@ logger = logging.getLogger(__name__)
 
 
 class TorchBackend(TrainingBackend):
-    def __init__(self, models: dict[str, Path], *, device: str = "auto") -> None:
-        """`models` maps each served base-model name to a local HF model directory."""
+    def __init__(
+        self, models: dict[str, Path], *, device: str = "auto", image_limits: ImageLimits | None = None
+    ) -> None:
+        """`models` maps each served base-model name to a local HF model directory; `image_limits` caps
+        the images in training data (vision-language models)."""
         self._paths = {name: Path(path) for name, path in models.items()}
         self.device = resolve_device(device)
+        self._image_limits = image_limits or ImageLimits()
         self._infos: dict[str, BaseModelInfo] = {}
         self._hosts: dict[str, AdapterHost] = {}
         self._runs: dict[str, Run] = {}
@@ -102,11 +107,12 @@ class TorchBackend(TrainingBackend):
         run = self._run(model_id)
         loss_fn = get_loss(batch.loss_fn)
         config = loss_fn.resolve_config(batch.loss_fn_config)
-        packed = pack_batch(batch.data, loss_fn, self.base_model_info(run.base_model), self.device)
+        info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
+        packed = pack_batch(batch.data, loss_fn, info, self.device, vision, self._image_limits)
         host = self._hosts[run.base_model]
         host.activate(run.adapter)
         with torch.no_grad() if batch.forward_only else nullcontext():
-            logits = host.logits(packed.input_ids, packed.attention_mask)
+            logits = host.logits(packed.input_ids, packed.attention_mask, packed.vision)
             logp = target_logprobs(logits, packed.targets)
             del logits
             terms = loss_fn.compute(logp, packed.inputs, config)

@@ -3,18 +3,24 @@
 Shapes: B datums, T = the longest datum's token count, K = the widest target (1 for targets of
 shape (N,)). Targets and loss inputs are (B, T, K); `mask` marks the real (datum, position,
 target) entries, and padding holds target 0 and input 0.
+
+Image chunks (vision-language models only) become the model's image placeholder tokens, as many as its image
+processor makes of each image (`tx.inference.multimodal`); `vision` then holds the batch's pixel inputs and
+`mm_token_type_ids` (1 at image positions). Image positions are ordinary positions for targets and outputs:
+each gets a logprob like any other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from tx.backends.torch.losses import TARGET_KEY, LossFn
 from tx.backends.torch.model import check_tokens
-from tx.types import BaseModelInfo, Datum, UserError
+from tx.inference.multimodal import ExpandedInput, ImageLimits, VisionProcessor
+from tx.types import BaseModelInfo, Datum, ModelInput, UserError
 
 
 @dataclass
@@ -25,6 +31,7 @@ class PackedBatch:
     inputs: dict[str, torch.Tensor]  # name -> (B, T, K) float32
     mask: torch.Tensor  # (B, T, K) bool
     target_shapes: list[tuple[int, ...]]  # each datum's own target shape: (N,) or (N, K)
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)  # image inputs; empty without images
 
     def split(self, values: torch.Tensor) -> list[np.ndarray]:
         """Per-datum float32 arrays of a (B, T, K) tensor, each in its datum's target shape."""
@@ -36,11 +43,21 @@ class PackedBatch:
         return outputs
 
 
-def pack_batch(data: list[Datum], loss: LossFn, info: BaseModelInfo, device: torch.device) -> PackedBatch:
-    """Validate every datum (tokens, then loss inputs) and pack them; UserError names the datum."""
+def pack_batch(
+    data: list[Datum],
+    loss: LossFn,
+    info: BaseModelInfo,
+    device: torch.device,
+    vision: VisionProcessor | None = None,
+    limits: ImageLimits = ImageLimits(),
+) -> PackedBatch:
+    """Validate every datum (images, tokens, then loss inputs) and pack them; UserError names the datum.
+
+    `vision` is the model's image processor (None for a text-only model, which refuses image chunks)."""
     if not data:
         raise UserError("forward_backward needs at least one datum")
-    tokens = [datum.model_input.text_tokens() for datum in data]
+    expanded = [_expand(datum.model_input, vision, limits, index) for index, datum in enumerate(data)]
+    tokens = [item.token_ids for item in expanded]
     arrays = []
     for index, (datum, seq) in enumerate(zip(data, tokens)):
         check_tokens(seq, info, index)
@@ -58,7 +75,37 @@ def pack_batch(data: list[Datum], loss: LossFn, info: BaseModelInfo, device: tor
         inputs={key: _to(value, device) for key, value in packed.items()},
         mask=_to(mask, device),
         target_shapes=[a[TARGET_KEY].shape for a in arrays],
+        vision=_vision_inputs(expanded, vision, input_ids.shape, device),
     )
+
+
+def _expand(
+    model_input: ModelInput, vision: VisionProcessor | None, limits: ImageLimits, index: int
+) -> ExpandedInput:
+    try:
+        if vision is None:
+            return ExpandedInput(model_input.text_tokens())
+        return vision.expand(model_input, limits)
+    except UserError as exc:
+        raise UserError(f"datum {index}: {exc}") from None
+
+
+def _vision_inputs(
+    expanded: list[ExpandedInput],
+    vision: VisionProcessor | None,
+    shape: tuple[int, ...],
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """pixel_values and image_grid_thw of every image (datum order, then chunk order), mm_token_type_ids."""
+    placed = [image for item in expanded for image in item.images]
+    if not placed or vision is None:
+        return {}
+    inputs = vision.pixel_inputs([p.image for p in placed], [p.num_tokens for p in placed])
+    token_types = np.zeros(shape, dtype=np.int64)
+    for row, item in enumerate(expanded):
+        token_types[row, : len(item.token_ids)] = item.image_mask()
+    inputs["mm_token_type_ids"] = torch.from_numpy(token_types)
+    return {name: tensor.to(device) for name, tensor in inputs.items()}
 
 
 def _pad(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import peft
@@ -106,7 +106,15 @@ class AdapterHost:
     def peft_config(self, name: str) -> peft.LoraConfig:
         return self.peft_model.peft_config[name]
 
-    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """(B, T, V) float32 logits with the active adapter applied."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    def logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        vision: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """(B, T, V) float32 logits with the active adapter applied; `vision` holds a vision-language model's
+        image inputs (pixel_values, image_grid_thw, mm_token_type_ids) when the batch has images."""
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **(vision or {})
+        )
         return out.logits.float()

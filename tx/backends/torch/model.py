@@ -11,8 +11,9 @@ import logging
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, PreTrainedModel
 
+from tx.models.auto import load_pretrained
 from tx.types import BaseModelInfo, UserError
 
 logger = logging.getLogger(__name__)
@@ -42,13 +43,14 @@ def read_model_info(name: str, path: Path) -> BaseModelInfo:
 
 
 def load_causal_lm(path: Path, device: torch.device) -> PreTrainedModel:
-    """Load the causal LM in `path` in float32 with SDPA attention, frozen and in eval mode.
+    """Load the causal LM (or vision-language model) in `path` in float32 with SDPA attention, frozen and in
+    eval mode.
 
     Eval mode keeps every pass deterministic (no dropout), so a forward-only pass returns
     exactly the logprobs a training pass on the same weights would.
     """
     logger.info("loading base model %s on %s", path, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    model = load_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
     model.to(device)
     model.eval()
     model.requires_grad_(False)

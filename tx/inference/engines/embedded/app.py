@@ -41,7 +41,11 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
 
     @app.post(p.ROUTE_GENERATE, dependencies=guarded, response_model=p.GenerateResponse)
     async def generate(request: p.GenerateRequest) -> Response:
-        result = await asyncio.wrap_future(engine.submit(request))
+        if request.images:  # decoding and processing images is CPU work: keep it off the event loop
+            future = await asyncio.to_thread(engine.submit, request)
+        else:
+            future = engine.submit(request)
+        result = await asyncio.wrap_future(future)
         return Response(result.model_dump_json(), media_type="application/json")  # built by us: no re-check
 
     @app.post(p.ROUTE_TOKENIZE, dependencies=guarded)

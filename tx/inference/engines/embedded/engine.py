@@ -17,6 +17,7 @@ import torch
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.scheduler import Scheduler
 from tx.inference.engines.embedded.transfer import WeightReceiver
+from tx.inference.engines.embedded.vision import prepare_vision
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import (
     GenerateRequest,
@@ -28,6 +29,7 @@ from tx.inference.protocol import (
     WeightsUpdateRequest,
     WeightsUpdateResponse,
 )
+from tx.inference.multimodal import ImageLimits, vision_processor
 from tx.inference.weight_sync import TransferInit
 from tx.types import NotFoundError, UserError
 
@@ -44,6 +46,8 @@ class EmbeddedEngine:
         self.weights = Weights(config.model_dir, config.max_adapters, config.stash_dir)
         self.scheduler = Scheduler(self.weights, config.max_batch_size, config.batch_wait_s)
         self.receiver = WeightReceiver(self.weights)
+        self.vision = vision_processor(config.model_dir)  # None for a text-only model
+        self.image_limits = ImageLimits()  # the server checked its own caps; these only bound the work here
 
     def start(self) -> None:
         self.scheduler.start()
@@ -56,8 +60,10 @@ class EmbeddedEngine:
     # ---- sampling
 
     def submit(self, request: GenerateRequest) -> Future:
+        """Validate `request` (decoding its images, if any: call from a worker thread then) and queue it."""
         self._validate(request)
-        return self.scheduler.submit(request)
+        vision = prepare_vision(request, self.vision, self.image_limits)
+        return self.scheduler.submit(request, vision)
 
     def _validate(self, request: GenerateRequest) -> None:
         weights = self.weights

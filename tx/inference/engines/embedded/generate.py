@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
 from tx.inference.protocol import GenerateRequest
 
 
@@ -129,15 +130,25 @@ def logits_needed(request: GenerateRequest) -> int:
 
 
 class DecodeBatch:
-    """Model inputs of one left-padded batch and its KV cache."""
+    """Model inputs of one left-padded batch and its KV cache.
+
+    With images (a vision-language model), the prefill also takes the rows' pixel inputs and multimodal
+    rotary positions; `rope_deltas` then shifts each row's rope positions in the decode steps."""
 
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
         self.cache = None
         self.mask: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
+        self.rope_deltas: torch.Tensor | None = None
 
-    def prefill(self, model: torch.nn.Module, prompts: Sequence[list[int]], num_kept: int) -> torch.Tensor:
+    def prefill(
+        self,
+        model: torch.nn.Module,
+        prompts: Sequence[list[int]],
+        num_kept: int,
+        visions: Sequence[PromptVision | None] = (),
+    ) -> torch.Tensor:
         """Run the prompts; returns the logits of each row's last `num_kept` positions [B, K, vocab]."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -146,12 +157,18 @@ class DecodeBatch:
             ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             self.mask[i, width - len(prompt) :] = 1
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
+        extra: dict[str, torch.Tensor] = {}
+        position_ids = positions
+        if any(v is not None for v in visions):
+            extra = batch_vision(list(visions), [width - len(p) for p in prompts], width)
+            position_ids, self.rope_deltas = rope_positions(model, ids, self.mask, positions, extra)
         out = model(
             input_ids=ids,
             attention_mask=self.mask,
-            position_ids=positions,
+            position_ids=position_ids,
             use_cache=True,
             logits_to_keep=min(num_kept, width),
+            **extra,
         )
         self.cache = out.past_key_values
         self.positions = positions[:, -1] + 1
@@ -161,10 +178,13 @@ class DecodeBatch:
         """Feed one token per row; returns the next-token logits [B, vocab]."""
         assert self.mask is not None and self.positions is not None
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        positions = self.positions[:, None]
+        if self.rope_deltas is not None:
+            positions = step_positions(self.positions, self.rope_deltas)
         out = model(
             input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
             attention_mask=self.mask,
-            position_ids=self.positions[:, None],
+            position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -180,3 +200,5 @@ class DecodeBatch:
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
         self.positions = self.positions[index]
+        if self.rope_deltas is not None:
+            self.rope_deltas = self.rope_deltas[index]

@@ -29,6 +29,7 @@ from tx.inference.engines.embedded.generate import (
     prompt_logprobs,
     sample_next,
 )
+from tx.inference.engines.embedded.vision import PromptVision
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import EngineStats, GeneratedSequence, GenerateRequest, GenerateResponse, PauseMode
 
@@ -40,6 +41,7 @@ class Job:
     """One generate request: its `n` rows and the future its HTTP handler awaits."""
 
     request: GenerateRequest
+    vision: PromptVision | None = None
     future: Future = field(default_factory=Future)
     rows: list[Row] = field(default_factory=list)
     prompt: PromptLogprobs | None = None
@@ -98,8 +100,8 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def submit(self, request: GenerateRequest) -> Future:
-        job = Job(request)
+    def submit(self, request: GenerateRequest, vision: PromptVision | None = None) -> Future:
+        job = Job(request, vision)
         with self._cond:
             self._pending.append(job)
             self.stats.num_requests += 1
@@ -198,7 +200,8 @@ class Scheduler:
         with weights.lock:  # one prefill per request; its n samples share the KV cache rows
             weights.activate(adapter)
             prompts = [job.request.prompt_token_ids for job in jobs]
-            kept = batch.prefill(weights.model, prompts, max(logits_needed(job.request) for job in jobs))
+            num_kept = max(logits_needed(job.request) for job in jobs)
+            kept = batch.prefill(weights.model, prompts, num_kept, [job.vision for job in jobs])
         self._score_prompts(jobs, kept)
         expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
         if len(expand) != len(jobs):

@@ -34,11 +34,10 @@ ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
 
 
 def load_model(model_dir: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    """The causal LM (or vision-language model) in `model_dir`, fp32, sdpa, frozen."""
+    from tx.models.auto import load_pretrained
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation="sdpa"
-    )
+    model = load_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     model.eval().requires_grad_(False)
     _materialize(model)
     return model
@@ -72,7 +71,7 @@ def release_memory() -> None:
 def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
-        eos = model.config.eos_token_id
+        eos = getattr(model.config.get_text_config(), "eos_token_id", None)
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
@@ -88,11 +87,12 @@ class Weights:
         self.lock = threading.RLock()
         self.model: torch.nn.Module | None = load_model(self.model_dir)
         self.tokenizer = load_tokenizer(self.model_dir)
-        config = self.model.config
+        config = self.model.config.get_text_config()  # a vision-language model's language part
         self.vocab_size: int = config.vocab_size
         self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
         self.eos_ids = _eos_ids(self.model)
-        pad = config.pad_token_id if config.pad_token_id is not None else (self.eos_ids or (0,))[0]
+        pad = getattr(config, "pad_token_id", None)
+        pad = pad if pad is not None else (self.eos_ids or (0,))[0]
         self.pad_id: int = int(pad)
         self.adapters: dict[str, str | None] = {}
         self.lora_specs: dict[str, LoraSpec] = {}

@@ -1,0 +1,105 @@
+"""Image prompts in the embedded engine: pixel inputs per request, multimodal positions per batch.
+
+Design / who owns what:
+- `prepare_vision` checks a request's images against its token ids (each image's span holds exactly its
+  placeholder tokens, and no placeholder lies outside a span), decodes them and runs the model's image
+  processor. It runs in the HTTP handler's worker thread, so a bad image fails that request alone.
+- `batch_vision` joins the prepared images of a left-padded batch into the model's inputs, and
+  `rope_positions` computes the multimodal rotary positions (Qwen2-VL family `get_rope_index`) for the
+  prefill. Decode steps then continue every row at `text position + rope delta` on the three rope axes.
+"""
+
+from __future__ import annotations
+
+import binascii
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from tx.inference.multimodal import ImageLimits, VisionProcessor, decode_image
+from tx.types import UserError
+
+if TYPE_CHECKING:
+    from tx.inference.protocol import GenerateRequest
+
+
+@dataclass
+class PromptVision:
+    """One request's images, ready for the model."""
+
+    pixel_values: torch.Tensor  # (patches, patch dim)
+    image_grid_thw: torch.Tensor  # (images, 3)
+    spans: list[tuple[int, int]]  # (offset, num_tokens) of each image in the prompt
+
+
+def prepare_vision(
+    request: GenerateRequest, processor: VisionProcessor | None, limits: ImageLimits
+) -> PromptVision | None:
+    """The pixel inputs of `request`'s images (None without images); a UserError when they do not fit."""
+    if processor is None:
+        if request.images:
+            raise UserError("this model takes text only: the request holds images")
+        return None
+    _check_spans(request, processor.image_token_id)
+    if not request.images:
+        return None
+    images, counts = [], []
+    for index, image in enumerate(request.images):
+        try:
+            decoded = decode_image(image.image_bytes(), limits)
+        except (binascii.Error, ValueError) as exc:
+            raise UserError(f"image {index}: {exc}") from None
+        made = processor.count_tokens(decoded)
+        if made != image.num_tokens:
+            raise UserError(f"image {index} makes {made} tokens, but its span has {image.num_tokens}")
+        images.append(decoded)
+        counts.append(made)
+    inputs = processor.pixel_inputs(images, counts)
+    spans = [(image.offset, image.num_tokens) for image in request.images]
+    return PromptVision(inputs["pixel_values"], inputs["image_grid_thw"], spans)
+
+
+def _check_spans(request: GenerateRequest, image_token_id: int) -> None:
+    ids, end = request.prompt_token_ids, 0
+    placeholders = sum(1 for token in ids if token == image_token_id)
+    for index, image in enumerate(request.images):
+        span = ids[image.offset : image.offset + image.num_tokens]
+        if image.offset < end or len(span) != image.num_tokens or any(t != image_token_id for t in span):
+            raise UserError(f"image {index}: its span does not hold {image.num_tokens} placeholder tokens")
+        end = image.offset + image.num_tokens
+    if placeholders != sum(image.num_tokens for image in request.images):
+        raise UserError(f"the prompt holds image placeholder tokens ({image_token_id}) outside any image")
+
+
+def batch_vision(visions: list[PromptVision | None], pads: list[int], width: int) -> dict[str, torch.Tensor]:
+    """Model inputs of a left-padded batch: row i starts at column `pads[i]`."""
+    present = [v for v in visions if v is not None]
+    token_types = torch.zeros((len(visions), width), dtype=torch.long)
+    for row, (vision, pad) in enumerate(zip(visions, pads)):
+        for offset, num_tokens in vision.spans if vision is not None else ():
+            token_types[row, pad + offset : pad + offset + num_tokens] = 1
+    return {
+        "pixel_values": torch.cat([v.pixel_values for v in present]),
+        "image_grid_thw": torch.cat([v.image_grid_thw for v in present]),
+        "mm_token_type_ids": token_types,
+    }
+
+
+def rope_positions(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, text_positions: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(4, B, T) position ids (text positions, then the three rope axes) and each row's rope delta (B,)."""
+    core = model.get_base_model() if hasattr(model, "get_base_model") else model
+    positions, deltas = core.model.get_rope_index(
+        ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],
+        attention_mask=mask,
+    )
+    return torch.cat([text_positions[None], positions]), deltas.reshape(-1)
+
+
+def step_positions(text_positions: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+    """(4, B, 1) position ids of one decode step."""
+    rope = text_positions + deltas
+    return torch.stack([text_positions, rope, rope, rope])[:, :, None]

@@ -1,0 +1,37 @@
+"""Images in model inputs: safe fetching of asset pointers, decoding under caps, and expansion into the
+placeholder tokens and pixel inputs of the model's own processor.
+
+- `fetch.py`: `AssetPolicy` and `fetch_asset` (local roots, allowed hosts, public addresses only, caps).
+- `images.py`: `ImageLimits` and `decode_image` (PNG/JPEG only, byte and pixel caps, corrupt data refused).
+- `inputs.py`: `ImageInputs`, the server's policy applied to sampling prompts before they reach an engine.
+- `prompt.py`: `VisionProcessor` and `expand_input`: image chunks -> placeholder tokens + pixel inputs.
+
+Heavy libraries (PIL, transformers, torch) are imported only inside the functions that use them.
+"""
+
+from tx.inference.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
+from tx.inference.multimodal.images import IMAGE_FORMATS, ImageLimits, decode_image
+from tx.inference.multimodal.inputs import ImageInputs
+from tx.inference.multimodal.prompt import (
+    ExpandedInput,
+    PlacedImage,
+    VisionProcessor,
+    expand_input,
+    vision_processor,
+)
+
+__all__ = [
+    "IMAGE_FORMATS",
+    "AssetPolicy",
+    "ExpandedInput",
+    "ImageInputs",
+    "ImageLimits",
+    "PlacedImage",
+    "VisionProcessor",
+    "address_refusal",
+    "check_url",
+    "decode_image",
+    "expand_input",
+    "fetch_asset",
+    "vision_processor",
+]

@@ -1,0 +1,150 @@
+"""Image chunks -> the model's processor -> placeholder tokens, spliced where each chunk stood.
+
+A client sends text chunks and image chunks (the Qwen renderers put `<|vision_start|>` before an image and
+`<|vision_end|>` after it, as text). The model's own image processor decides how many tokens an image is
+(Qwen2-VL / Qwen2.5-VL / Qwen3-VL: smart resize, patches, `merge_size**2` patches per token); the chunk
+becomes that many image placeholder tokens (`config.image_token_id`). A chunk whose `expected_tokens`
+differs is a user error naming both numbers, so the client's lengths, targets and logprob arrays always
+line up with the server's positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tx.inference.multimodal.images import ImageLimits, decode_image
+from tx.types import ImageAssetPointer, ImageChunk, ModelInput, TextChunk, UserError
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+
+PREPROCESSOR_FILE = "preprocessor_config.json"
+
+
+@dataclass(frozen=True)
+class PlacedImage:
+    """One image of an expanded input: its pixels, its encoded bytes and the placeholder span it fills."""
+
+    image: Image
+    data: bytes
+    format: str
+    offset: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class ExpandedInput:
+    """A model input as the model sees it: token ids with image placeholders, and the images filling them."""
+
+    token_ids: list[int]
+    images: tuple[PlacedImage, ...] = ()
+
+    def image_mask(self) -> list[int]:
+        """`mm_token_type_ids`: 1 at image placeholder positions, 0 at text."""
+        mask = [0] * len(self.token_ids)
+        for placed in self.images:
+            mask[placed.offset : placed.offset + placed.num_tokens] = [1] * placed.num_tokens
+        return mask
+
+
+class VisionProcessor:
+    """A vision-language model's image processor and placeholder token."""
+
+    def __init__(self, image_processor: Any, image_token_id: int) -> None:
+        self.image_processor = image_processor
+        self.image_token_id = image_token_id
+        self.merge_size = int(getattr(image_processor, "merge_size", 1) or 1)
+
+    @classmethod
+    def load(cls, model_dir: Path) -> VisionProcessor | None:
+        """The processor of the model in `model_dir`, or None for a text-only model."""
+        model_dir = Path(model_dir)
+        config = json.loads((model_dir / "config.json").read_text())
+        if "vision_config" not in config or not (model_dir / PREPROCESSOR_FILE).is_file():
+            return None
+        from transformers import AutoImageProcessor
+
+        image_token_id = config.get("image_token_id")
+        if image_token_id is None:
+            raise ValueError(f"{model_dir}/config.json has a vision_config but no image_token_id")
+        return cls(AutoImageProcessor.from_pretrained(str(model_dir)), int(image_token_id))
+
+    def count_tokens(self, image: Image) -> int:
+        """How many placeholder tokens the model spends on `image`."""
+        width, height = image.size
+        try:
+            patches = self.image_processor.get_number_of_image_patches(height, width, images_kwargs={})
+        except ValueError as exc:  # e.g. an aspect ratio over 200
+            raise UserError(f"this model cannot take a {width}x{height} image: {exc}") from None
+        return int(patches) // self.merge_size**2
+
+    def expand(self, model_input: ModelInput, limits: ImageLimits) -> ExpandedInput:
+        """Token ids with placeholders for every image; a UserError for a bad image or token count."""
+        token_ids: list[int] = []
+        images: list[PlacedImage] = []
+        for index, chunk in enumerate(model_input.chunks):
+            try:
+                if isinstance(chunk, TextChunk):
+                    self.check_text(chunk.tokens)
+                    token_ids.extend(chunk.tokens)
+                    continue
+                placed = self._place(chunk, len(token_ids), limits)
+            except UserError as exc:
+                raise UserError(f"chunk {index}: {exc}") from None
+            images.append(placed)
+            token_ids.extend([self.image_token_id] * placed.num_tokens)
+        return ExpandedInput(token_ids, tuple(images))
+
+    def check_text(self, tokens: Sequence[int]) -> None:
+        if self.image_token_id in tokens:
+            raise UserError(
+                f"text holds the image placeholder token {self.image_token_id}; send images as image chunks"
+            )
+
+    def _place(self, chunk: ImageChunk | ImageAssetPointer, offset: int, limits: ImageLimits) -> PlacedImage:
+        if isinstance(chunk, ImageAssetPointer):
+            raise UserError("image_asset_pointer chunks are only accepted in sampling requests")
+        image = decode_image(chunk.data, limits)
+        num_tokens = self.count_tokens(image)
+        expected = chunk.expected_tokens
+        if expected is not None and expected != num_tokens:
+            width, height = image.size
+            raise UserError(
+                f"image expected_tokens is {expected}, but this model's image processor makes {num_tokens} "
+                f"tokens of this {width}x{height} image"
+            )
+        return PlacedImage(image, chunk.data, chunk.format, offset, num_tokens)
+
+    def pixel_inputs(self, images: Sequence[Image], counts: Sequence[int]) -> dict[str, torch.Tensor]:
+        """`pixel_values` and `image_grid_thw` of `images`, in order; `counts` are their token counts."""
+        out = self.image_processor(images=list(images), return_tensors="pt")
+        grid = out["image_grid_thw"]
+        made = (grid.prod(dim=-1) // self.merge_size**2).tolist()
+        if made != list(counts):
+            raise RuntimeError(f"the image processor made {made} tokens, its count said {list(counts)}")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
+
+
+@functools.lru_cache(maxsize=32)
+def vision_processor(model_dir: Path) -> VisionProcessor | None:
+    """`VisionProcessor.load`, once per model directory."""
+    return VisionProcessor.load(Path(model_dir))
+
+
+def expand_input(
+    model_dir: Path, model_input: ModelInput, limits: ImageLimits = ImageLimits(), *, model_name: str = ""
+) -> ExpandedInput:
+    """`model_input` as token ids (with image placeholders) for the model in `model_dir`."""
+    processor = vision_processor(Path(model_dir))
+    if processor is None:
+        if model_input.has_images:
+            name = model_name or str(model_dir)
+            raise UserError(f"model {name!r} takes text only: the input holds image chunks")
+        return ExpandedInput(model_input.text_tokens())
+    return processor.expand(model_input, limits)
