@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from tx.api.deps import Caller, Ctx
 from tx.api.wire.rest_schemas import GetServerCapabilitiesResponse, HealthResponse, SupportedModel
@@ -20,7 +20,17 @@ router = APIRouter(tags=["client"])
 
 
 @router.post("/client/config")
-async def client_config(body: ClientConfigRequest, ctx: Ctx, _: Caller) -> ClientConfigResponse:
+async def client_config(
+    body: ClientConfigRequest, ctx: Ctx, _: Caller, response: Response
+) -> ClientConfigResponse:
+    # The SDK fetches this with a one-off httpx client on its background loop and never closes it.
+    # Left open, that keep-alive connection is finalized later by the cyclic GC in whatever thread
+    # runs it; with an event loop running there (tinker-cookbook's asyncio.run), httpx's __del__
+    # schedules aclose() on that loop, which calls remove_reader(fd) on the SDK loop's selector long
+    # after the fd number was reused by a live connection (often a retrieve_future long-poll): that
+    # request never sees its response and stalls until the SDK's 45-60 s read timeout. Closing the
+    # connection here makes the client close it at once, on its own loop, leaving nothing to tear down.
+    response.headers["Connection"] = "close"
     return ClientConfigResponse(proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd)
 
 
