@@ -46,6 +46,6 @@ class Engine:
 def start_engine(model_dir: Path, tmp_dir: Path, **overrides) -> Engine:
     config = EmbeddedEngineConfig(
         model_dir=model_dir, cluster_secret=SECRET, ready_file=tmp_dir / "ready.json", stash_dir=tmp_dir,
-        num_threads=1, **overrides,
+        num_threads=1, **{"device": "cpu", **overrides},
     )
     return Engine(config)

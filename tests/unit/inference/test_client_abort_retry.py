@@ -35,7 +35,7 @@ class LiveEngine:
     def __init__(self, model_dir: Path, work: Path) -> None:
         self.config = EmbeddedEngineConfig(
             model_dir=model_dir, cluster_secret=SECRET, ready_file=work / "ready.json", stash_dir=work,
-            num_threads=1, log_level="warning",
+            num_threads=1, log_level="warning", device="cpu",
         )
         self.process = spawn_engine(self.config)
         self.url = wait_ready(self.config, self.process, timeout_s=180)

@@ -19,7 +19,7 @@ VISION_START, VISION_END = 2003, 2004
 
 @pytest.fixture(scope="module")
 def engine(vlm_dir, tmp_path_factory):
-    config = EmbeddedEngineConfig(model_dir=vlm_dir, cluster_secret="x" * 16, num_threads=1,
+    config = EmbeddedEngineConfig(model_dir=vlm_dir, cluster_secret="x" * 16, num_threads=1, device="cpu",
                                   stash_dir=tmp_path_factory.mktemp("stash"), batch_wait_s=0.05)
     engine = EmbeddedEngine(config)
     engine.start()

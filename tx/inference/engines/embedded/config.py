@@ -32,6 +32,7 @@ class EmbeddedEngineConfig(BaseModel):
     batch_wait_s: float = Field(default=0.005, ge=0, description="gather window: wait while requests keep arriving")
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads; default: all")
     stash_dir: Path | None = Field(default=None, description="where level-1 sleep stashes weights (private)")
+    device: str = Field(default="auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     exit_with_parent: bool = Field(default=True, description="exit when the parent process goes away")
     log_level: str = "info"
 

@@ -2,7 +2,8 @@
 
 Design / who owns what:
 - `DecodeBatch` owns the model inputs of one batch (cache, attention mask, positions) and nothing else; the
-  scheduler decides when to step it, and holds the weights lock around each call.
+  scheduler decides when to step it, and holds the weights lock around each call. Inputs and cache live on the
+  model's device (cpu or a GPU); the logits it returns are always on the cpu, where sampling happens.
 - `Row` is one sample: its sampling settings, its own `torch.Generator`, its tokens and RAW logprobs
   (log_softmax of the unprocessed fp32 logits), and its stop rules.
 - `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise
@@ -150,17 +151,20 @@ class DecodeBatch:
         visions: Sequence[PromptVision | None] = (),
     ) -> torch.Tensor:
         """Run the prompts; returns the logits of each row's last `num_kept` positions [B, K, vocab]."""
+        device = _device_of(model)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        self.mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, prompt in enumerate(prompts):
             ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            self.mask[i, width - len(prompt) :] = 1
+            mask[i, width - len(prompt) :] = 1
+        ids, self.mask = ids.to(device), mask.to(device)
         positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
         extra: dict[str, torch.Tensor] = {}
         position_ids = positions
         if any(v is not None for v in visions):
             extra = batch_vision(list(visions), [width - len(p) for p in prompts], width)
+            extra = {key: value.to(device) for key, value in extra.items()}
             position_ids, self.rope_deltas = rope_positions(model, ids, self.mask, positions, extra)
         out = model(
             input_ids=ids,
@@ -172,7 +176,7 @@ class DecodeBatch:
         )
         self.cache = out.past_key_values
         self.positions = positions[:, -1] + 1
-        return out.logits
+        return out.logits.to("cpu")
 
     def step(self, model: torch.nn.Module, tokens: Sequence[int]) -> torch.Tensor:
         """Feed one token per row; returns the next-token logits [B, vocab]."""
@@ -182,7 +186,7 @@ class DecodeBatch:
         if self.rope_deltas is not None:
             positions = step_positions(self.positions, self.rope_deltas)
         out = model(
-            input_ids=torch.tensor(tokens, dtype=torch.long)[:, None],
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=self.mask.device)[:, None],
             attention_mask=self.mask,
             position_ids=positions,
             past_key_values=self.cache,
@@ -191,14 +195,18 @@ class DecodeBatch:
         )
         self.cache = out.past_key_values
         self.positions = self.positions + 1
-        return out.logits[:, -1]
+        return out.logits[:, -1].to("cpu")
 
     def select_rows(self, indices: Sequence[int]) -> None:
         """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row)."""
         assert self.mask is not None and self.positions is not None
-        index = torch.tensor(indices, dtype=torch.long)
+        index = torch.tensor(indices, dtype=torch.long, device=self.mask.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
         self.positions = self.positions[index]
         if self.rope_deltas is not None:
             self.rope_deltas = self.rope_deltas[index]
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

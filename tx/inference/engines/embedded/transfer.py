@@ -1,8 +1,10 @@
-"""Receiving weights over a collective group (gloo on CPU) and applying them to the engine's `Weights`.
+"""Receiving weights over a collective group (gloo; NCCL when the engine is on a GPU) and applying them to the
+engine's `Weights`.
 
 Design / who owns what:
-- `init` builds a `BroadcastReceiver` (this engine is a single worker: rank `rank_offset`) and joins the group
-  in a background thread, so `POST /weights/init` returns at once while the trainer joins from its side.
+- `init` builds a `BroadcastReceiver` (this engine is a single worker: rank `rank_offset`; tensors land on the
+  model's device) and joins the group in a background thread, so `POST /weights/init` returns at once while
+  the trainer joins from its side.
 - `update` waits for that join, then consumes the whole broadcast (the sender waits for every bucket, so the
   iterator is always drained, even after a bad tensor) and applies it: base tensors are copied in place one by
   one under the weights lock; LoRA tensors are gathered and loaded as one adapter.
@@ -14,8 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-
-import torch
 
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import WeightsUpdateRequest, WeightsUpdateResponse
@@ -42,7 +42,7 @@ class WeightReceiver:
         with self._busy:
             self.close()
             self._init, self._error, self.state = init, None, "connecting"
-            self._receiver = BroadcastReceiver(init, rank=init.rank_offset, device=torch.device("cpu"))
+            self._receiver = BroadcastReceiver(init, rank=init.rank_offset, device=self.weights.device)
             self._thread = threading.Thread(target=self._connect, name="tx-engine-weights-init", daemon=True)
             self._thread.start()
 

@@ -1,13 +1,14 @@
 """The engine's weights: the base model, its LoRA adapters, sleep and wake.
 
 Design / who owns what:
-- `Weights` owns the one model (a transformers causal LM, fp32, sdpa) and, once an adapter arrives, the PEFT
-  `PeftModel` wrapped around it: several LoRA adapters live on one base model and `activate` picks the one a
-  batch uses (or disables them all for the base).
+- `Weights` owns the one model (a transformers causal LM, fp32, sdpa, on `device`: the cpu or one GPU) and,
+  once an adapter arrives, the PEFT `PeftModel` wrapped around it: several LoRA adapters live on one base
+  model and `activate` picks the one a batch uses (or disables them all for the base).
 - Every use or change of the model happens under `lock` (an RLock): the scheduler holds it for one forward,
   weight updates for one tensor or one adapter, sleep for the whole offload.
 - Sleep level 1 stashes every parameter (adapters included) to a private safetensors file and frees it from
-  RAM; level 2 drops the whole model (adapters too) and wake reloads the base from `model_dir`.
+  RAM (or GPU memory); level 2 drops the whole model (adapters too) and wake reloads the base from
+  `model_dir`. On a GPU, sleep also empties torch's caching allocator, so the memory goes back to the device.
 - Receiving weight updates over a collective lives in `transfer.py`; it calls `load_adapter` and `copy_base`.
 """
 
@@ -33,13 +34,26 @@ _UNSET = object()
 ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
 
 
-def load_model(model_dir: Path) -> torch.nn.Module:
-    """The causal LM (or vision-language model) in `model_dir`, fp32, sdpa, frozen."""
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """"auto" -> the current CUDA device when there is one, else cpu; a bare "cuda" gets the current index."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def load_model(model_dir: Path, device: torch.device | None = None) -> torch.nn.Module:
+    """The causal LM (or vision-language model) in `model_dir`, fp32, sdpa, frozen, on `device` (cpu)."""
     from tx.models.auto import load_pretrained
 
     model = load_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     model.eval().requires_grad_(False)
-    _materialize(model)
+    if device is None or device.type == "cpu":
+        _materialize(model)
+    else:
+        model.to(device)  # copies: private device memory
     return model
 
 
@@ -60,12 +74,15 @@ def load_tokenizer(model_dir: Path):
 
 
 def release_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise)."""
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise), and freed GPU
+    blocks back to the device (torch's caching allocator keeps them otherwise)."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
@@ -80,12 +97,18 @@ def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
 class Weights:
     """The model and adapters one engine serves, and their sleep state."""
 
-    def __init__(self, model_dir: Path, max_adapters: int, stash_dir: Path | None = None) -> None:
+    def __init__(
+        self, model_dir: Path, max_adapters: int, stash_dir: Path | None = None, device: str = "cpu"
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.max_adapters = max_adapters
         self.stash_dir = stash_dir
+        self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # this thread's; the scheduler loop runs on it in the engine
         self.lock = threading.RLock()
-        self.model: torch.nn.Module | None = load_model(self.model_dir)
+        self.model: torch.nn.Module | None = load_model(self.model_dir, self.device)
+        logger.info("model %s loaded on %s", self.model_dir, self.device)
         self.tokenizer = load_tokenizer(self.model_dir)
         config = self.model.config.get_text_config()  # a vision-language model's language part
         self.vocab_size: int = config.vocab_size
@@ -240,9 +263,9 @@ class Weights:
         params = dict(self.model.named_parameters())
         fd, path = tempfile.mkstemp(prefix="tx-engine-stash-", suffix=".safetensors", dir=self.stash_dir)
         os.close(fd)  # mkstemp made it 0600: private to this user
-        save_file({name: p.detach().contiguous() for name, p in params.items()}, path)
+        save_file({name: p.detach().to("cpu").contiguous() for name, p in params.items()}, path)
         for param in params.values():
-            param.data = torch.empty(0, dtype=param.dtype)
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
         self._stash = Path(path)
         logger.info("sleep level 1: %d tensors stashed to %s", len(params), path)
 
@@ -252,7 +275,9 @@ class Weights:
         assert self._stash is not None
         loaded = load_file(str(self._stash))
         for name, param in self.model.named_parameters():
-            param.data = loaded.pop(name).clone()  # private memory, not pages of the stash file
+            tensor = loaded.pop(name)
+            # private memory, not pages of the stash file
+            param.data = tensor.clone() if param.device.type == "cpu" else tensor.to(param.device)
         self._stash.unlink(missing_ok=True)
         self._stash = None
 
@@ -265,7 +290,7 @@ class Weights:
         self._active = _UNSET
 
     def _reload(self) -> None:
-        self.model = load_model(self.model_dir)
+        self.model = load_model(self.model_dir, self.device)
         self._active = _UNSET
 
     def _require_awake(self) -> None:
