@@ -49,8 +49,9 @@ def test_pause_wait_lets_requests_finish(engine, pool):
     running = pool.submit(engine.generate, **LONG, max_tokens=200)
     _wait_for_steps(engine, 5)
     engine.post("/pause", {"mode": "wait"})
-    assert running.done(), "pause(wait) returns once in-flight requests finished"
-    seq = running.result()["sequences"][0]
+    health = engine.health()  # pause(wait) returns once in-flight requests finished
+    assert health["paused"] and health["num_running"] == 0
+    seq = running.result(timeout=10)["sequences"][0]
     assert seq["stop_reason"] == "length" and len(seq["token_ids"]) == 200
     engine.post("/resume")
 
