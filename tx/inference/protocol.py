@@ -19,9 +19,8 @@ Design / who owns what:
 - Images: a prompt with images carries its token ids with the image placeholder tokens already spliced in (as
   many as the model's processor makes of each image), plus `images`: each image's encoded bytes (base64 in
   JSON, never pickled) and the placeholder span it fills. The embedded engine runs the model's image processor
-  on them. The vLLM engine passes them as `multi_modal_data` images; vLLM expands a single placeholder per
-  image itself, so its adapter collapses each span to one placeholder token and checks that the prompt vLLM
-  scored has the same length (prompt logprobs must keep one entry per position of `prompt_token_ids`).
+  on them. The vLLM engine answers image prompts with a 400 for now (see `engines/vllm/images.py`: vLLM's
+  `/v1/completions` takes no images with token-id prompts, and the CPU build cannot load Qwen-VL models).
 - Weight transfer: `POST /weights/init` joins a collective group in the background and returns at once;
   `POST /weights/update` returns when every tensor was received and applied; `POST /weights/finish` labels the
   version and may remove old adapters. Nothing is pickled; tensors travel over the collective only.

@@ -7,6 +7,7 @@ Design / who owns what:
   state) and maps each operation: generate -> `/v1/completions` (see `translate.py`); pause/resume -> vLLM's;
   sleep/wake -> vLLM's where sleep mode is on (a GPU), else only tx's bookkeeping (vLLM's CPU build has no
   sleep mode; `/health` says so in `status`); weights -> `/collective_rpc` into `worker.TxWorkerExtension`.
+  Requests with images are refused with a 400 (`images.py` says why).
 - New requests wait in this process while the engine is paused or asleep (the contract queues, it never
   rejects; vLLM >= 0.33 would answer 503), so vLLM never samples from weights that are asleep.
 - After every base-weight change the prefix cache is reset (running requests included): otherwise a cached
@@ -33,6 +34,7 @@ import httpx
 
 from tx.inference import protocol as p
 from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
+from tx.inference.engines.vllm.images import refuse_images
 from tx.inference.engines.vllm.translate import completion_bodies, generate_response, wants_prompt_logprobs
 from tx.inference.weight_sync import IpcUpdate, TransferInit
 from tx.types import ConflictError, NotFoundError, UserError
@@ -233,6 +235,7 @@ class VllmEngine:
     # ---- sampling
 
     async def generate(self, request: p.GenerateRequest) -> p.GenerateResponse:
+        refuse_images(request)  # a 400 before queueing: see images.py
         if request.adapter is not None and request.adapter not in self.adapters:
             raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
         self.num_waiting += 1
