@@ -66,13 +66,14 @@ class Row:
 
 def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
     """One token per row from `logits` [rows, vocab] (fp32), and the raw logprob of each."""
-    raw = torch.log_softmax(logits.float(), dim=-1)
-    tokens = raw.argmax(dim=-1)
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.request.temperature > 0]
     if sampled:
         index = torch.tensor(sampled)
-        tokens[index] = _sample_rows(logits[index].float(), [rows[i] for i in sampled])
-    chosen = raw.gather(1, tokens[:, None])[:, 0]
+        tokens[index] = _sample_rows(logits[index], [rows[i] for i in sampled])
+    # log_softmax(x)[t] = x[t] - logsumexp(x): no [rows, vocab] logprob tensor per step
+    chosen = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
     return tokens.tolist(), chosen.tolist()
 
 
