@@ -48,6 +48,12 @@ class Settings(BaseSettings):
         gt=0,
         description="How long a model's queue waits for a missing seq_id before skipping it.",
     )
+    session_timeout_s: float = Field(
+        900.0, gt=0, description="A session with no heartbeat this long is finished and its models freed."
+    )
+    janitor_interval_s: float = Field(
+        60.0, gt=0, description="How often expired futures, checkpoints and sessions are cleaned up."
+    )
     future_ttl_s: float = Field(3600.0, gt=0, description="How long finished results are kept.")
     proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
     max_request_bytes: int = Field(200 << 20, gt=0, description="Largest accepted request body.")

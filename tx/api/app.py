@@ -135,12 +135,13 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 async def _janitor(ctx: Context) -> None:
-    """Drop old futures and expired checkpoints, once a minute."""
+    """Drop old futures, expired checkpoints and sessions that stopped heartbeating."""
     while True:
-        await asyncio.sleep(60)
+        await asyncio.sleep(ctx.settings.janitor_interval_s)
         try:
             ctx.futures.expire()
             await asyncio.to_thread(ctx.service.delete_expired_checkpoints)
+            await asyncio.to_thread(ctx.service.reap_stale_sessions, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")
 

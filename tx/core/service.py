@@ -337,6 +337,15 @@ class TrainingService:
             if self.scheduler.has_model(model_id):
                 self._unload(owner, model_id)
 
+    def reap_stale_sessions(self, timeout_s: float) -> int:
+        """Finish sessions that stopped heartbeating (a crashed client), freeing their models."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=timeout_s)
+        stale = self.store.stale_sessions(cutoff)
+        for row in stale:
+            logger.warning("session %s sent no heartbeat for %.0f s; finishing it", row.session_id, timeout_s)
+            self.finish_session(row.owner, row.session_id, "timeout")
+        return len(stale)
+
     def _unload(self, owner: str, model_id: str) -> None:
         future, _ = self.futures.create(owner, "Unload")
         self.scheduler.remove_model(model_id)

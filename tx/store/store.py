@@ -89,6 +89,14 @@ class Store:
                 row.finished_at = utcnow()
                 row.finish_reason = reason
 
+    def stale_sessions(self, last_heartbeat_before: datetime) -> list[SessionRow]:
+        """Unfinished sessions whose last heartbeat is older than the given time."""
+        with self._tx() as db:
+            query = select(SessionRow).where(
+                SessionRow.finished_at.is_(None), SessionRow.last_heartbeat < last_heartbeat_before
+            )
+            return list(db.scalars(query))
+
     def list_sessions(self, owner: str, limit: int, offset: int) -> list[str]:
         with self._tx() as db:
             query = (
