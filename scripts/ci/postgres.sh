@@ -6,7 +6,8 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null) >&2
 fi
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
-port=${TX_PG_PORT:-55432}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=${TX_PG_PORT:-$(free_port)}
 dir=$(mktemp -d /tmp/tx-pg.XXXXXX)
 chown postgres:postgres "$dir"
 as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -s /bin/bash -c "$*"; else bash -c "$*"; fi; }
