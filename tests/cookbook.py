@@ -40,6 +40,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = "run scripts/install_cookbook.sh in the venv"
 
 
+def recipe_test_marks() -> list:
+    """Marks for a cookbook recipe test module: slow, and skipped without tinker_cookbook."""
+    import pytest
+
+    return [pytest.mark.slow,
+            pytest.mark.skipif(not cookbook_available(), reason=f"tinker_cookbook is not installed ({INSTALL_HINT})")]
+
+
 def cookbook_available() -> bool:
     """Whether tinker_cookbook can be imported (without importing it)."""
     return importlib.util.find_spec("tinker_cookbook") is not None

@@ -23,20 +23,16 @@ import pytest
 
 from cookbook import (
     DEFAULT_MODEL,
-    INSTALL_HINT,
     CookbookFixture,
     assert_checkpoints_on_server,
     assert_finite,
-    cookbook_available,
+    recipe_test_marks,
     run_recipe,
     start_tx_server,
 )
 from txserver import TxServer
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not cookbook_available(), reason=f"tinker_cookbook is not installed ({INSTALL_HINT})"),
-]
+pytestmark = recipe_test_marks()
 
 MAX_STEPS = 2
 GROUP_SIZE = 2

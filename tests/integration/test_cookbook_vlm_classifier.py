@@ -29,20 +29,16 @@ from pathlib import Path
 import pytest
 
 from cookbook import (
-    INSTALL_HINT,
     CookbookFixture,
     assert_checkpoints_on_server,
     assert_finite,
-    cookbook_available,
+    recipe_test_marks,
     run_recipe,
     start_tx_server,
 )
 from txserver import TxServer
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not cookbook_available(), reason=f"tinker_cookbook is not installed ({INSTALL_HINT})"),
-]
+pytestmark = recipe_test_marks()
 
 VLM_MODEL = "Qwen/Qwen3-VL-30B-A3B-Instruct"  # model_info: -> qwen3_vl_instruct
 RENDERER = "qwen3_vl_instruct"

@@ -88,6 +88,10 @@ class CheckpointFiles:
             shutil.rmtree(tmp, ignore_errors=True)
         return tree_size(final)
 
+    def ephemeral_dir(self, run_id: str, version: int) -> Path:
+        """Unnamed sampler weights (save_weights_and_get_sampling_client): not listed as checkpoints."""
+        return self.root / _safe(run_id) / "ephemeral" / str(version)
+
     def delete(self, path: TinkerPath) -> None:
         shutil.rmtree(self.directory(path), ignore_errors=True)
 

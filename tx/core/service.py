@@ -227,7 +227,7 @@ class TrainingService:
     def _save_ephemeral_sampler(self, owner: str, model_id: str, seq: int | None) -> SamplerSaved:
         run = self.store.get_run(model_id, owner)
         sampler_id = sampler_id_for(run.session_id, int(seq or 0))
-        directory = self.files.root / model_id / "ephemeral" / str(seq)
+        directory = self.files.ephemeral_dir(model_id, int(seq or 0))
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         self.backend.save_sampler_weights(model_id, directory)

@@ -39,6 +39,14 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+def _owned(db: Session, row_type: type, key: object, owner: str, what: str):
+    """The row with primary key `key`, if it belongs to `owner`; NotFoundError otherwise (no leak)."""
+    row = db.get(row_type, key)
+    if row is None or row.owner != owner:
+        raise NotFoundError(f"{what} not found")
+    return row
+
+
 class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -65,16 +73,11 @@ class Store:
 
     def get_session(self, session_id: str, owner: str) -> SessionRow:
         with self._tx() as db:
-            row = db.get(SessionRow, session_id)
-        if row is None or row.owner != owner:
-            raise NotFoundError(f"session {session_id!r} not found")
-        return row
+            return _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
 
     def heartbeat(self, session_id: str, owner: str) -> None:
         with self._tx() as db:
-            row = db.get(SessionRow, session_id)
-            if row is None or row.owner != owner:
-                raise NotFoundError(f"session {session_id!r} not found")
+            row = _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
             if row.finished_at is not None:
                 raise SessionFinishedError(f"session {session_id!r} is finished")
             row.last_heartbeat = utcnow()
@@ -82,9 +85,7 @@ class Store:
     def finish_session(self, session_id: str, owner: str, reason: str) -> None:
         """First finish wins; later ones are accepted and change nothing."""
         with self._tx() as db:
-            row = db.get(SessionRow, session_id)
-            if row is None or row.owner != owner:
-                raise NotFoundError(f"session {session_id!r} not found")
+            row = _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
             if row.finished_at is None:
                 row.finished_at = utcnow()
                 row.finish_reason = reason
@@ -118,10 +119,7 @@ class Store:
 
     def get_run(self, run_id: str, owner: str) -> TrainingRunRow:
         with self._tx() as db:
-            row = db.get(TrainingRunRow, run_id)
-        if row is None or row.owner != owner:
-            raise NotFoundError(f"training run {run_id!r} not found")
-        return row
+            return _owned(db, TrainingRunRow, run_id, owner, f"training run {run_id!r}")
 
     def touch_run(self, run_id: str) -> None:
         with self._tx() as db:
@@ -161,10 +159,8 @@ class Store:
 
     def get_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> CheckpointRow:
         with self._tx() as db:
-            row = db.get(CheckpointRow, (run_id, checkpoint_id))
-        if row is None or row.owner != owner:
-            raise NotFoundError(f"checkpoint tinker://{run_id}/{checkpoint_id} not found")
-        return row
+            return _owned(db, CheckpointRow, (run_id, checkpoint_id), owner,
+                          f"checkpoint tinker://{run_id}/{checkpoint_id}")
 
     def list_checkpoints(self, run_id: str, owner: str) -> list[CheckpointRow]:
         self.get_run(run_id, owner)
@@ -211,7 +207,4 @@ class Store:
 
     def get_sampling_session(self, sampling_session_id: str, owner: str) -> SamplingSessionRow:
         with self._tx() as db:
-            row = db.get(SamplingSessionRow, sampling_session_id)
-        if row is None or row.owner != owner:
-            raise NotFoundError(f"sampler {sampling_session_id!r} not found")
-        return row
+            return _owned(db, SamplingSessionRow, sampling_session_id, owner, f"sampler {sampling_session_id!r}")
