@@ -98,10 +98,7 @@ def test_seeded_sampling_is_reproducible_with_raw_logprobs(vllm_engine, referenc
     assert vllm_engine.post("/generate", {"prompt_token_ids": PROMPT, "adapter": "nope"}, expect=404)
 
 
-def test_pause_abort_then_resume_gives_one_complete_sequence(vllm_engine):
-    request = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=1500, temperature=0.0, stop_at_eos=False)
-    uninterrupted = vllm_engine.generate(**request.model_dump())["sequences"][0]
-    client = InferenceClient(engines={"e0": vllm_engine.url}, secret=SECRET)
+def _generate_in_thread(client: InferenceClient, request: GenerateRequest) -> tuple[threading.Thread, dict]:
     result: dict = {}
 
     def run() -> None:
@@ -118,11 +115,25 @@ def test_pause_abort_then_resume_gives_one_complete_sequence(vllm_engine):
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 30
-    while vllm_engine.health()["num_running"] == 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.3)  # mid-generation
+    return thread, result
+
+
+def test_pause_abort_then_resume_gives_one_complete_sequence(vllm_engine):
+    request = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=1500, temperature=0.0, stop_at_eos=False)
+    uninterrupted = vllm_engine.generate(**request.model_dump())["sequences"][0]
+    client = InferenceClient(engines={"e0": vllm_engine.url}, secret=SECRET)
+    for _ in range(5):  # on a fast machine a run can finish before the poll sees it: start another
+        thread, result = _generate_in_thread(client, request)
+        deadline = time.monotonic() + 30
+        while vllm_engine.health()["num_running"] == 0 and thread.is_alive():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        if thread.is_alive():
+            break
+        thread.join()
+    else:
+        pytest.fail("every generation finished before it could be paused")
+    time.sleep(0.05)  # mid-generation
     assert vllm_engine.post("/pause", {"mode": "abort"})["paused"] is True
     deadline = time.monotonic() + 30
     while vllm_engine.health()["num_waiting"] != 1:  # the client's resend waits for resume
