@@ -122,26 +122,27 @@ def test_pause_abort_then_resume_gives_one_complete_sequence(vllm_engine):
     request = GenerateRequest(prompt_token_ids=PROMPT, max_tokens=1500, temperature=0.0, stop_at_eos=False)
     uninterrupted = vllm_engine.generate(**request.model_dump())["sequences"][0]
     client = InferenceClient(engines={"e0": vllm_engine.url}, secret=SECRET)
-    for _ in range(5):  # on a fast machine a run can finish before the poll sees it: start another
+    for _ in range(5):  # a generation that ends before the pause lands proves nothing: start another
         thread, result = _generate_in_thread(client, request)
-        deadline = time.monotonic() + 30
-        while vllm_engine.health()["num_running"] == 0 and thread.is_alive():
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        if thread.is_alive():
+        try:
+            deadline = time.monotonic() + 30
+            while vllm_engine.health()["num_running"] == 0 and thread.is_alive():
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            assert vllm_engine.post("/pause", {"mode": "abort"})["paused"] is True
+            deadline = time.monotonic() + 30
+            while vllm_engine.health()["num_waiting"] != 1 and thread.is_alive():  # the resend waits for resume
+                assert time.monotonic() < deadline, "the client did not resend the aborted request"
+                time.sleep(0.01)
+            resent = thread.is_alive()
+        finally:
+            assert vllm_engine.post("/resume")["paused"] is False  # never leave the engine paused
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        if resent:
             break
-        thread.join()
     else:
-        pytest.fail("every generation finished before it could be paused")
-    time.sleep(0.05)  # mid-generation
-    assert vllm_engine.post("/pause", {"mode": "abort"})["paused"] is True
-    deadline = time.monotonic() + 30
-    while vllm_engine.health()["num_waiting"] != 1:  # the client's resend waits for resume
-        assert time.monotonic() < deadline, "the client did not resend the aborted request"
-        time.sleep(0.01)
-    assert vllm_engine.post("/resume")["paused"] is False
-    thread.join(timeout=120)
-    assert not thread.is_alive()
+        pytest.fail("every generation finished before the pause reached it")
     if "error" in result:
         raise result["error"]
     (seq,) = result["answer"].sequences
