@@ -31,6 +31,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-count", type=int, help="inference engines per base model (default 1)")
     p.add_argument("--engine-tensor-parallel-size", type=int, help="GPUs per vLLM engine (default 1)")
     p.add_argument("--engine-memory-share", type=float, help="share of GPU memory per vLLM engine")
+    p.add_argument("--engine-dtype", choices=("float32", "bfloat16", "float16"),
+                   help="vLLM engine dtype (default float32, the trainer's)")
     p.add_argument(
         "--engine-colocate", action=argparse.BooleanOptionalAction, default=None,
         help="engines share the trainer's accelerator and sleep during training (default: on with a GPU)",

@@ -72,7 +72,7 @@ def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launc
 
         extra = ["--tensor-parallel-size", str(settings.engine_tensor_parallel_size)]
         return VllmLauncher(work_dir, secret, max_adapters=settings.engine_max_adapters, extra_args=extra,
-                            gpu_memory_utilization=settings.engine_memory_share)
+                            gpu_memory_utilization=settings.engine_memory_share, dtype=settings.engine_dtype)
     if settings.ray_address is None:
         return LocalLauncher(work_dir, secret, max_adapters=settings.engine_max_adapters)
     from tx.inference.ray.launcher import RayLauncher, connect

@@ -25,7 +25,9 @@ class VllmEngineConfig(EngineProcessConfig):
     max_adapters: int = Field(default=8, ge=1, description="most LoRA adapters registered at once")
     max_gpu_adapters: int = Field(default=4, ge=1, description="vLLM --max-loras: adapters in one batch")
     max_lora_rank: int = Field(default=32, ge=1, description="vLLM --max-lora-rank")
-    dtype: str = Field(default="auto", description="vLLM --dtype (float32 for exact parity on CPU)")
+    dtype: str = Field(
+        default="float32", description="vLLM --dtype; float32 matches the trainer (vLLM's `auto` downcasts to bf16)"
+    )
     max_model_len: int | None = Field(default=None, ge=1, description="vLLM --max-model-len")
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     enable_sleep_mode: bool | None = Field(
