@@ -132,6 +132,7 @@ class InferenceClient:
                 "prompt_token_ids": request.prompt_token_ids + tokens, "n": 1, "max_tokens": remaining,
                 "prompt_logprobs": False, "topk_prompt_logprobs": 0, "prompt_logprobs_last_n": None,
                 "seed": None if request.seed is None else request.seed + index + len(tokens) * request.n,
+                "resumed_tokens": request.resumed_tokens + len(tokens),
             })
             answer = GenerateResponse.model_validate(
                 await self.post(engine, ROUTE_GENERATE, resend.model_dump(), headers=headers)

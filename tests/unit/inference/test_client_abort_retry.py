@@ -170,6 +170,30 @@ def test_unreachable_engine_is_engine_unavailable():
         _generate(client, _request(max_tokens=4))
 
 
+def test_resumed_sample_stops_on_a_string_that_starts_before_the_abort(engine, uninterrupted):
+    """A resend whose prompt ends with k earlier generated tokens: a stop string made of the last character
+    of their text and the first character of the next token's text stops the sample at that next token."""
+    decode = _tokenizer_decode(engine)
+    tokens = uninterrupted.token_ids
+    k = next(i for i in range(8, 60) if decode(tokens[:i]) and decode(tokens[i:i + 1])
+             and decode(tokens[:i + 1]) == decode(tokens[:i]) + decode(tokens[i:i + 1]))
+    stop = decode(tokens[:k])[-1] + decode(tokens[k:k + 1])[0]
+    client = InferenceClient(engines={"e0": engine.url}, secret=SECRET)
+    resend = _request(max_tokens=20, prompt_token_ids=PROMPT + tokens[:k], stop_strings=[stop])
+    plain = _generate(client, resend).sequences[0]
+    assert not (plain.stop_reason == "stop" and len(plain.token_ids) == 1)  # the new text alone has no match
+    client = InferenceClient(engines={"e0": engine.url}, secret=SECRET)
+    resumed = _generate(client, resend.model_copy(update={"resumed_tokens": k})).sequences[0]
+    assert resumed.stop_reason == "stop" and resumed.token_ids == tokens[k:k + 1]
+
+
+def _tokenizer_decode(engine: LiveEngine):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(engine.config.model_dir)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)
+
+
 # ---- the resend, against a scripted engine (no process): what the client sends after an abort
 
 
@@ -201,6 +225,7 @@ def test_resend_bodies_after_abort_keep_samples_apart():
     resends.sort(key=lambda r: r["prompt_token_ids"])  # sent concurrently
     assert [r["prompt_token_ids"] for r in resends] == [PROMPT + [7, 8], PROMPT + [7, 9]]
     assert all(r["n"] == 1 and r["max_tokens"] == 3 and not r["prompt_logprobs"] for r in resends)
+    assert all(r["resumed_tokens"] == 2 for r in resends)  # stop strings may start in [7, 8] / [7, 9]
     seeds = [r["seed"] for r in resends]
     original = {first["seed"] + i for i in range(first["n"])}
     assert len(set(seeds)) == 2 and not set(seeds) & original

@@ -21,6 +21,7 @@ import torch
 
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
 from tx.inference.protocol import GenerateRequest
+from tx.inference.stops import hits_stop_string, resumed_tail
 
 
 @dataclass
@@ -34,12 +35,14 @@ class Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: str | None = None
+    stop_tail: list[int] = field(default_factory=list)  # earlier tokens of a resumed sample (tx.inference.stops)
 
     @classmethod
     def create(cls, request: GenerateRequest, sample_index: int, eos_ids: Sequence[int]) -> Row:
         seed = request.seed + sample_index if request.seed is not None else random.getrandbits(62)
         stop_ids = set(request.stop_token_ids) | (set(eos_ids) if request.stop_at_eos else set())
         row = cls(request, sample_index, frozenset(stop_ids), torch.Generator().manual_seed(seed))
+        row.stop_tail = resumed_tail(request.prompt_token_ids, request.resumed_tokens, request.stop_strings)
         if request.max_tokens == 0:
             row.stop_reason = "length"
         return row
@@ -60,8 +63,7 @@ class Row:
             self.stop_reason = "length"
 
     def _hit_stop_string(self, decode: Callable[[list[int]], str]) -> bool:
-        text = decode(self.token_ids)
-        return any(stop in text for stop in self.request.stop_strings)
+        return hits_stop_string(decode, self.stop_tail, self.token_ids, self.request.stop_strings)
 
 
 def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> tuple[list[int], list[float]]:

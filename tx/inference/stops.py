@@ -1,0 +1,43 @@
+"""Stop strings across an abort: the text a resumed sample generated before the pause counts too.
+
+A sample aborted by a pause is resent with its tokens so far at the end of the prompt
+(`GenerateRequest.resumed_tokens` says how many). A stop string may start in that earlier text and end
+in the new one ("\\n" + "\\n" for "\\n\\n"), so engines match stop strings on the tail of the earlier text
+followed by the new text. Only a match that ends in the new text counts: one wholly inside the earlier
+text would have stopped the sample before the abort.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+Decode = Callable[[list[int]], str]
+EXTRA_TAIL_TOKENS = 4  # beyond one token per character of the longest stop string
+
+
+def resumed_tail(prompt_token_ids: Sequence[int], resumed_tokens: int, stop_strings: Sequence[str]) -> list[int]:
+    """The earlier generated tokens that can take part in a stop-string match (a stop string of L
+    characters spans at most L tokens, as every token decodes to at least one character)."""
+    if resumed_tokens <= 0 or not stop_strings:
+        return []
+    keep = min(resumed_tokens, max(len(s) for s in stop_strings) + EXTRA_TAIL_TOKENS)
+    return list(prompt_token_ids[len(prompt_token_ids) - keep:])
+
+
+def hits_stop_string(decode: Decode, tail: list[int], generated: list[int], stop_strings: Sequence[str]) -> bool:
+    """Whether `tail + generated` decodes to text holding a stop string that ends after the tail's text."""
+    text = decode(tail + generated)
+    tail_len = len(decode(tail)) if tail else 0
+    return any(text.find(stop, max(0, tail_len - len(stop) + 1)) >= 0 for stop in stop_strings)
+
+
+def first_stop_string_end(decode: Decode, tail: list[int], generated: list[int],
+                          stop_strings: Sequence[str]) -> int | None:
+    """How many of `generated` to keep so the last kept token completes the first stop-string match,
+    or None without a match (for engines that only see the new text and must cut afterwards)."""
+    if not stop_strings:
+        return None
+    for end in range(1, len(generated) + 1):
+        if hits_stop_string(decode, tail, generated[:end], stop_strings):
+            return end
+    return None
