@@ -13,7 +13,7 @@ from datetime import datetime
 
 from sqlalchemy import create_engine, delete, func, select
 from sqlalchemy.engine import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from tx.store.tables import (
     Base,
@@ -172,15 +172,24 @@ class Store:
             )
             return list(db.scalars(query))
 
-    def latest_checkpoint(self, run_id: str, kind: str) -> CheckpointRow | None:
+    def latest_checkpoints(self, run_ids: list[str], kinds: tuple[str, ...]) -> dict[tuple[str, str], CheckpointRow]:
+        """The newest checkpoint of each kind of each run, by (run_id, kind), in one query."""
+        if not run_ids:
+            return {}
+        rank = (
+            func.row_number()
+            .over(partition_by=(CheckpointRow.run_id, CheckpointRow.kind), order_by=CheckpointRow.created_at.desc())
+            .label("rank")
+        )
+        ranked = (
+            select(CheckpointRow, rank)
+            .where(CheckpointRow.run_id.in_(run_ids), CheckpointRow.kind.in_(kinds))
+            .subquery()
+        )
+        newest = aliased(CheckpointRow, ranked)
         with self._tx() as db:
-            query = (
-                select(CheckpointRow)
-                .where(CheckpointRow.run_id == run_id, CheckpointRow.kind == kind)
-                .order_by(CheckpointRow.created_at.desc())
-                .limit(1)
-            )
-            return db.scalars(query).first()
+            rows = db.scalars(select(newest).where(ranked.c.rank == 1))
+            return {(row.run_id, row.kind): row for row in rows}
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> None:
         self.get_checkpoint(run_id, checkpoint_id, owner)

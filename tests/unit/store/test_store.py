@@ -81,3 +81,20 @@ def test_checkpoints_overwrite_delete_and_expire(store: Store) -> None:
     store.delete_checkpoint(run_id, "weights/a", "alice")
     with pytest.raises(NotFoundError):
         store.get_checkpoint(run_id, "weights/a", "alice")
+
+
+def test_latest_checkpoints_of_many_runs_in_one_query(store: Store) -> None:
+    runs = [_run(store, _session(store)) for _ in range(3)]
+    start = datetime.now(timezone.utc)
+    for i, run_id in enumerate(runs[:2]):
+        for step in range(3):
+            for kind in ("weights", "sampler_weights"):
+                store.add_checkpoint(CheckpointRow(
+                    run_id=run_id, checkpoint_id=f"{kind}/{step}", kind=kind, owner="alice", size_bytes=1,
+                    created_at=start + timedelta(seconds=step + i),
+                ), overwrite=False)
+    latest = store.latest_checkpoints(runs, ("weights", "sampler_weights"))
+    assert {key: row.checkpoint_id for key, row in latest.items()} == {
+        (run, kind): f"{kind}/2" for run in runs[:2] for kind in ("weights", "sampler_weights")
+    }
+    assert store.latest_checkpoints(runs[2:], ("weights",)) == {} == store.latest_checkpoints([], ("weights",))

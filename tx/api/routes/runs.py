@@ -29,7 +29,7 @@ async def list_runs(
     ctx: Ctx, caller: Caller, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
 ) -> TrainingRunsResponse:
     rows, total = await asyncio.to_thread(ctx.store.list_runs, caller.owner, limit, offset)
-    runs = [await asyncio.to_thread(_run, ctx, row) for row in rows]
+    runs = await asyncio.to_thread(_runs, ctx, rows)
     return TrainingRunsResponse(
         training_runs=runs, cursor=Cursor(offset=offset, limit=limit, total_count=total)
     )
@@ -38,7 +38,7 @@ async def list_runs(
 @router.get("/training_runs/{run_id}")
 async def get_run(run_id: str, ctx: Ctx, caller: Caller) -> TrainingRun:
     row = await asyncio.to_thread(ctx.store.get_run, run_id, caller.owner)
-    return await asyncio.to_thread(_run, ctx, row)
+    return (await asyncio.to_thread(_runs, ctx, [row]))[0]
 
 
 @router.get("/training_runs/{run_id}/checkpoints")
@@ -69,9 +69,14 @@ async def weights_info(body: WeightsInfoRequest, ctx: Ctx, caller: Caller) -> We
     )
 
 
-def _run(ctx: Ctx, row: TrainingRunRow) -> TrainingRun:
-    last = ctx.store.latest_checkpoint(row.run_id, "weights")
-    last_sampler = ctx.store.latest_checkpoint(row.run_id, "sampler_weights")
+def _runs(ctx: Ctx, rows: list[TrainingRunRow]) -> list[TrainingRun]:
+    """The API view of `rows`, their newest checkpoints read in one query."""
+    latest = ctx.store.latest_checkpoints([r.run_id for r in rows], ("weights", "sampler_weights"))
+    return [_run(row, latest.get((row.run_id, "weights")), latest.get((row.run_id, "sampler_weights")))
+            for row in rows]
+
+
+def _run(row: TrainingRunRow, last: CheckpointRow | None, last_sampler: CheckpointRow | None) -> TrainingRun:
     return TrainingRun(
         training_run_id=row.run_id,
         base_model=row.base_model,
