@@ -337,6 +337,8 @@ def test_rl_toy_task_with_colocated_engines_on_the_gpu(tmp_path):
         state = state.json()
         engines = [e for g in state["groups"] for e in g["engines"]]
         assert engines and all(e["alive"] for e in engines), state
+        # trainer and engines share the GPU: CUDA IPC handles (never NCCL, which allows one rank per GPU)
+        assert all(e["transport"]["kind"] == "ipc" for e in engines), state
         # the last optim_step put the colocated engines to sleep (level 1: weights off the GPU)
         assert state["groups"][0]["state"] == "asleep", state
         assert all(e["health"]["sleeping_level"] == 1 for e in engines), state

@@ -22,7 +22,7 @@ if not hasattr(ray, "init"):  # tests/ is on sys.path, so tests/ray can pose as 
     pytest.skip("ray is not installed (pip install 'tx[ray]')", allow_module_level=True)
 
 from tx.inference.manager import EngineManager, EngineSettings
-from tx.inference.ray.launcher import RayEngine, RayLauncher, connect, ray_options
+from tx.inference.ray.launcher import RayEngine, RayLauncher, bundle_gpus, connect, ray_options
 from tx.inference.ray.placement import PlacementSpec
 from tx.inference.router import Router
 from tx.models.tiny import write_tiny_text_model
@@ -86,6 +86,26 @@ def test_separate_trainer_and_engine_get_different_gpus():
         assert trainer_devices != engine_devices
     finally:
         asyncio.run(launcher.close())
+
+
+def test_tensor_parallel_engine_gets_the_gpus_of_its_colocated_trainers():
+    spec = PlacementSpec(num_engines=1, tensor_parallel_size=2, num_trainer_workers=2, colocate=True,
+                         cpus_per_bundle=0.5)
+    # the same two colocated bundles, from a launcher that needs no vLLM installed
+    launcher = RayLauncher(PlacementSpec(num_engines=2, num_trainer_workers=2, colocate=True,
+                                         cpus_per_bundle=0.5), "unused-secret")
+    group = _group(launcher)
+    try:
+        trainers = [_probe(spec.trainer(r), group)[0] for r in range(2)]
+        env = asyncio.run(bundle_gpus(spec.engine(0), group, spec))
+        assert env == {"CUDA_VISIBLE_DEVICES": ",".join(trainers)} and len(set(trainers)) == 2
+    finally:
+        asyncio.run(launcher.close())
+
+
+def test_embedded_engine_refuses_tensor_parallel():
+    with pytest.raises(ValueError, match="needs the vLLM engine"):
+        RayLauncher(PlacementSpec(num_engines=1, tensor_parallel_size=2), "unused-secret")
 
 
 def test_placement_larger_than_the_cluster_is_refused():

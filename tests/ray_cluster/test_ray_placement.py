@@ -32,13 +32,12 @@ def test_colocated_group_is_as_wide_as_its_widest_side():
     assert PlacementSpec(num_engines=3, num_trainer_workers=1, colocate=True).num_bundles == 3
 
 
-def test_tensor_parallel_engine_spans_bundles_for_vllm_ray_workers():
+def test_tensor_parallel_engine_spans_bundles_and_claims_none_itself():
     spec = PlacementSpec(num_engines=2, tensor_parallel_size=2, num_trainer_workers=4, colocate=True,
                          gpu_fraction=0.4)
     second = spec.engine(1)
     assert (second.bundle_index, second.bundle_indices) == (2, (2, 3))
-    assert (second.num_gpus, second.num_cpus) == (0, 0)  # its Ray workers claim the GPUs
-    assert second.env == {"VLLM_RAY_BUNDLE_INDICES": "2,3", "VLLM_RAY_PER_WORKER_GPUS": "0.4"}
+    assert (second.num_gpus, second.num_cpus) == (0, 0)  # the launcher hands it the GPUs of bundles 2 and 3
 
 
 def test_cpu_only_bundles():

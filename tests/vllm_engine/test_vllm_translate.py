@@ -121,29 +121,24 @@ def test_aborted_and_prompt_only_answers():
         )
 
 
-def _image_request() -> GenerateRequest:
+def test_image_prompts_to_a_text_model_are_refused_before_reaching_vllm():
+    """A text-only model (no vision_config): a 400 before anything reaches vLLM (the full image path is in
+    tests/unit/engines/test_vllm_images.py and test_vllm_images.py here)."""
+    import asyncio
     import base64
     import io
+    from types import SimpleNamespace
 
     from PIL import Image
 
+    from tx.inference.engines.vllm.server import VllmEngine
     from tx.inference.protocol import PromptImage
+    from tx.types import UserError
 
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (255, 0, 0)).save(buffer, format="PNG")
     image = PromptImage(data=base64.b64encode(buffer.getvalue()).decode("ascii"), format="png", offset=1,
                         num_tokens=1)
-    return GenerateRequest(prompt_token_ids=PROMPT, images=[image], max_tokens=2)
-
-
-def test_image_prompts_are_refused_before_reaching_vllm():
-    import asyncio
-
-    from tx.inference.engines.vllm.images import IMAGES_UNSUPPORTED, refuse_images
-    from tx.inference.engines.vllm.server import VllmEngine
-    from tx.types import UserError
-
-    refuse_images(GenerateRequest(prompt_token_ids=PROMPT))  # text only: passes
 
     class NoChild:  # any call to vLLM fails the test
         served_name = "tx-base"
@@ -151,8 +146,9 @@ def test_image_prompts_are_refused_before_reaching_vllm():
         def __getattr__(self, name):
             raise AssertionError(f"the request reached vLLM ({name})")
 
-    engine = VllmEngine.__new__(VllmEngine)  # generate must refuse before it touches any state
+    engine = VllmEngine.__new__(VllmEngine)  # generate must refuse before it touches any other state
     engine.child = NoChild()
-    with pytest.raises(UserError) as refused:
-        asyncio.run(engine.generate(_image_request()))
-    assert IMAGES_UNSUPPORTED in str(refused.value) and "1 image(s)" in str(refused.value)
+    engine.vision = None
+    engine.config = SimpleNamespace(max_images_per_prompt=4)
+    with pytest.raises(UserError, match=r"takes text only: the request holds 1 image\(s\)"):
+        asyncio.run(engine.generate(GenerateRequest(prompt_token_ids=PROMPT, images=[image], max_tokens=2)))

@@ -47,7 +47,10 @@ class Context:
     sampling: SamplingService
 
 
-def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop) -> EngineManager:
+def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
+                  trainer_device: str = "cpu") -> EngineManager:
+    """`trainer_device`: where the trainer runs (the backend's `training_device()`); it picks the weight
+    transport to each engine (gloo, NCCL, CUDA IPC)."""
     colocate = settings.engine_colocate
     if colocate is None:
         import torch
@@ -55,7 +58,7 @@ def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.Abs
         colocate = torch.cuda.is_available()
     engine_settings = EngineSettings(
         count=settings.engine_count, colocate=colocate, sleep_level=settings.engine_sleep_level,
-        max_adapters=settings.engine_max_adapters,
+        max_adapters=settings.engine_max_adapters, trainer_device=trainer_device,
     )
     manager = EngineManager(models, engine_settings, build_launcher(settings, len(models), colocate))
     manager.bind(loop)
@@ -65,16 +68,16 @@ def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.Abs
 def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launcher:
     """Local engine processes by default; Ray actors in a placement group with --ray-address."""
     secret, work_dir = secrets.token_urlsafe(32), settings.data_dir / "engines"
+    tp, options = settings.engine_tensor_parallel_size, {"max_adapters": settings.engine_max_adapters}
     if settings.engine == "vllm":
-        if settings.ray_address is not None:
-            raise ValueError("--engine vllm with --ray-address is not supported yet: run vLLM engines locally")
-        from tx.inference.engines.vllm.launch import VllmLauncher
-
-        extra = ["--tensor-parallel-size", str(settings.engine_tensor_parallel_size)]
-        return VllmLauncher(work_dir, secret, max_adapters=settings.engine_max_adapters, extra_args=extra,
-                            gpu_memory_utilization=settings.engine_memory_share, dtype=settings.engine_dtype)
+        options.update(dtype=settings.engine_dtype, gpu_memory_utilization=settings.engine_memory_share,
+                       extra_args=["--tensor-parallel-size", str(tp)])
     if settings.ray_address is None:
-        return LocalLauncher(work_dir, secret, max_adapters=settings.engine_max_adapters)
+        if settings.engine == "vllm":
+            from tx.inference.engines.vllm.launch import VllmLauncher
+
+            return VllmLauncher(work_dir, secret, **options)
+        return LocalLauncher(work_dir, secret, **options)
     from tx.inference.ray.launcher import RayLauncher, connect
     from tx.inference.ray.placement import PlacementSpec
 
@@ -83,10 +86,9 @@ def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launc
     import ray
 
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    spec = PlacementSpec(num_engines=settings.engine_count * num_models, colocate=colocate and use_gpu,
-                         use_gpu=use_gpu)
-    return RayLauncher(spec, secret, address=address, work_dir=work_dir,
-                       max_adapters=settings.engine_max_adapters)
+    spec = PlacementSpec(num_engines=settings.engine_count * num_models, tensor_parallel_size=tp,
+                         colocate=colocate and use_gpu, use_gpu=use_gpu)
+    return RayLauncher(spec, secret, engine=settings.engine, address=address, work_dir=work_dir, **options)
 
 
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Context:
@@ -97,7 +99,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
-    manager = build_manager(settings, models, loop)
+    manager = build_manager(settings, models, loop, backend.training_device())
     service = TrainingService(
         store, backend, futures_, scheduler, CheckpointFiles(settings.checkpoints_dir),
         before_training=manager.before_training,

@@ -35,6 +35,11 @@ from tx.types import (
 
 
 class TrainingBackend(ABC):
+    def training_device(self) -> str:
+        """Where training runs: "cpu", "cuda" (the current GPU) or "cuda:N". The engine manager picks the
+        weight transport from it (gloo, NCCL, CUDA IPC)."""
+        return "cpu"
+
     @abstractmethod
     def base_model_info(self, base_model: str) -> BaseModelInfo:
         """Info on a served base model; NotFoundError if it is not served."""

@@ -10,6 +10,11 @@ Design / who owns what:
 - Colocated engines sleep before a training pass (only if awake, after in-flight samples finish);
   a sample wakes them. After a level-2 sleep engines hold no adapters, so versions are pushed again
   before anything samples them.
+- Weights travel over the transport `weight_sync.transport.choose_transport` picks per engine, from the
+  trainer's device (`EngineSettings.trainer_device`) and what the engine's `/health` reports: CUDA IPC into an
+  engine on the trainer's own GPU, NCCL to one on another GPU, gloo when either side is on cpu (the tensors
+  are read from the sampler's PEFT directory on cpu; NCCL and IPC move them to the trainer's GPU first). The
+  choice is made once per engine process; a restarted engine is asked again.
 - An engine that died is restarted on the next request; the request it held is retried once, then
   failed with a server error. A control call that fails on one engine restarts that engine, so the
   group stays consistent.
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import safetensors.torch
+import torch
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
 from tx.inference.launch import EngineHandle, Launcher
@@ -41,7 +47,9 @@ from tx.inference.protocol import (
     ROUTE_WEIGHTS_FINISH,
     ROUTE_WEIGHTS_INIT,
     ROUTE_WEIGHTS_UPDATE,
+    ROUTE_WEIGHTS_UPDATE_IPC,
     GenerateRequest,
+    IpcWeightsUpdateRequest,
     LoraSpec,
     SleepRequest,
     WakeUpRequest,
@@ -50,7 +58,19 @@ from tx.inference.protocol import (
 )
 from tx.inference.multimodal import ExpandedInput, expand_input
 from tx.inference.router import Router
-from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+from tx.inference.weight_sync import (
+    BroadcastSender,
+    EngineFacts,
+    IpcSender,
+    TrainerFacts,
+    TransferInit,
+    TransferUpdate,
+    TransportChoice,
+    choose_transport,
+    free_port,
+    plan_update,
+    trainer_facts,
+)
 from tx.types import SampleRequest, SampleResult, UserError
 
 logger = logging.getLogger(__name__)
@@ -71,20 +91,22 @@ class EngineSettings:
     max_adapters: int = 8
     control_timeout_s: float = 120.0
     transfer_timeout_s: float = 120.0
+    trainer_device: str = "cpu"  # where the trainer runs: cpu, cuda, cuda:N (picks the weight transport)
 
 
 @dataclass
 class EngineSlot:
     name: str
     process: EngineHandle | None = None
-    sender: BroadcastSender | None = None
+    transport: TransportChoice | None = None  # chosen on the first push to this engine process
+    sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
     adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def reset(self) -> None:
         if self.sender is not None:
             self.sender.close()
-        self.sender, self.adapters = None, OrderedDict()
+        self.sender, self.transport, self.adapters = None, None, OrderedDict()
 
 
 @dataclass
@@ -130,6 +152,7 @@ class EngineManager:
         self.in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task] = set()
+        self._trainer: TrainerFacts | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -144,6 +167,10 @@ class EngineManager:
             engines = []
             for slot in group.slots.values():
                 info = {"name": slot.name, "adapters": list(slot.adapters), "pid": None, "alive": False}
+                if slot.transport is not None:
+                    t = slot.transport
+                    info["transport"] = {"kind": t.kind, "master_address": t.master_address,
+                                         "reason": t.reason}
                 if slot.process is not None:
                     info.update(pid=slot.process.pid, alive=slot.process.alive, url=slot.process.url)
                     try:
@@ -254,11 +281,51 @@ class EngineManager:
             return name
 
     async def _push(self, slot: EngineSlot, name: str, named: list, spec: LoraSpec) -> None:
+        if slot.transport is None:
+            slot.transport = await self._choose_transport(slot)
+        if slot.transport.kind == "ipc":
+            await self._push_ipc(slot, name, named, spec)
+        else:
+            await self._push_broadcast(slot, slot.transport, name, named, spec)
+
+    async def _choose_transport(self, slot: EngineSlot) -> TransportChoice:
+        if self._trainer is None:
+            self._trainer = await asyncio.to_thread(trainer_facts, self.settings.trainer_device)
+        health = await self.client.get(slot.name, ROUTE_HEALTH, self.settings.control_timeout_s)
+        engine = EngineFacts.from_health(self.client.engines[slot.name], health)
+        choice = await asyncio.to_thread(choose_transport, self._trainer, engine)  # may resolve the host
+        logger.info("engine %s (%s) receives weights over %s from the trainer (%s): %s", slot.name,
+                    engine.device, choice.kind, self._trainer.device, choice.reason)
+        return choice
+
+    def _trainer_device(self) -> torch.device:
+        assert self._trainer is not None and self._trainer.on_cuda
+        return torch.device(self._trainer.device)
+
+    async def _push_ipc(self, slot: EngineSlot, name: str, named: list, spec: LoraSpec) -> None:
+        """CUDA IPC: pack the tensors into buffers on the trainer's GPU, post their handles, and keep the
+        buffers alive until the engine answered (it copies them before it does)."""
+        sender = IpcSender(self._trainer_device())
+        try:
+            update = await asyncio.to_thread(sender.share, named)
+            body = IpcWeightsUpdateRequest(ipc=update, adapter=name, lora=spec)
+            await self.client.post(slot.name, ROUTE_WEIGHTS_UPDATE_IPC, body.model_dump(mode="json"),
+                                   self.settings.transfer_timeout_s)
+        finally:
+            sender.release()
+
+    async def _push_broadcast(self, slot: EngineSlot, choice: TransportChoice, name: str, named: list,
+                              spec: LoraSpec) -> None:
+        """A gloo or NCCL group of the trainer (rank 0) and the engine's workers (ranks 1..), made on the first
+        push."""
+        assert choice.master_address is not None, "gloo and nccl groups have a master address"
+        device = self._trainer_device() if choice.kind == "nccl" else None
         if slot.sender is None:
-            init = TransferInit(backend="gloo", master_address="127.0.0.1", master_port=free_port(),
-                                world_size=2, rank_offset=1, group_name=f"tx-{slot.name}-{uuid.uuid4().hex[:8]}",
+            init = TransferInit(backend=choice.kind, master_address=choice.master_address,
+                                master_port=free_port(choice.master_address),
+                                world_size=1 + choice.receivers, rank_offset=1, group_name=f"tx-{slot.name}-{uuid.uuid4().hex[:8]}",
                                 timeout_s=self.settings.transfer_timeout_s)
-            sender = BroadcastSender(init)
+            sender = BroadcastSender(init, device=device)
             await asyncio.gather(
                 asyncio.to_thread(sender.connect),
                 self.client.post(slot.name, ROUTE_WEIGHTS_INIT, init.model_dump(), self.settings.control_timeout_s),
@@ -269,7 +336,7 @@ class EngineManager:
         await asyncio.gather(
             self.client.post(slot.name, ROUTE_WEIGHTS_UPDATE, body.model_dump(mode="json"),
                              self.settings.transfer_timeout_s),
-            asyncio.to_thread(slot.sender.send, named, update),
+            asyncio.to_thread(_send, slot.sender, named, update, device),
         )
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -346,6 +413,13 @@ class EngineManager:
                     await self.launcher.stop(slot.process)
         await self.launcher.close()
         await self.client.aclose()
+
+
+def _send(sender: BroadcastSender, named: list, update: TransferUpdate, device: torch.device | None) -> None:
+    """Broadcast `named`; NCCL sends from the trainer's GPU, so the (cpu) tensors are moved there first."""
+    if device is not None:
+        named = [(n, t.to(device)) for n, t in named]
+    sender.send(named, update)
 
 
 def _slug(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The HTTP contract every inference engine serves (the embedded engine now, vLLM later).
+"""The HTTP contract every inference engine serves (the embedded engine and tx's vLLM engine).
 
 Design / who owns what:
 - The manager (and its client) talk to engines only through these routes and models; an engine is
@@ -19,11 +19,16 @@ Design / who owns what:
 - Images: a prompt with images carries its token ids with the image placeholder tokens already spliced in (as
   many as the model's processor makes of each image), plus `images`: each image's encoded bytes (base64 in
   JSON, never pickled) and the placeholder span it fills. The embedded engine runs the model's image processor
-  on them. The vLLM engine answers image prompts with a 400 for now (see `engines/vllm/images.py`: vLLM's
-  `/v1/completions` takes no images with token-id prompts, and the CPU build cannot load Qwen-VL models).
+  on them. The vLLM engine sends them to vLLM's token-in/token-out `/inference/v1/generate` as data URLs,
+  each span collapsed to one placeholder that vLLM expands again, and checks vLLM's expansion against the
+  spans (`engines/vllm/images.py`).
 - Weight transfer: `POST /weights/init` joins a collective group in the background and returns at once;
   `POST /weights/update` returns when every tensor was received and applied; `POST /weights/finish` labels the
   version and may remove old adapters. Nothing is pickled; tensors travel over the collective only.
+  An engine that shares the trainer's GPU and lists "ipc" in `weight_transports` also takes
+  `POST /weights/update_ipc`: the same push as CUDA IPC handles (JSON), answered once all is applied.
+- `GET /health` also says where the engine runs (device, GPU UUID, hostname) and which weight transports it
+  takes; the manager picks gloo, NCCL or CUDA IPC from that (`weight_sync/transport.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tx.inference.weight_sync.types import TransferInit, TransferUpdate
+from tx.inference.weight_sync.transport import Transport
+from tx.inference.weight_sync.types import IpcUpdate, TransferInit, TransferUpdate
 from tx.types import SampledSequence, SampleRequest, SampleResult, StopReason
 
 if TYPE_CHECKING:
@@ -50,6 +56,7 @@ ROUTE_SLEEP = "/sleep"  # POST SleepRequest -> StateResponse
 ROUTE_WAKE_UP = "/wake_up"  # POST WakeUpRequest -> StateResponse
 ROUTE_WEIGHTS_INIT = "/weights/init"  # POST TransferInit (worker rank = rank_offset) -> HealthResponse
 ROUTE_WEIGHTS_UPDATE = "/weights/update"  # POST WeightsUpdateRequest -> WeightsUpdateResponse
+ROUTE_WEIGHTS_UPDATE_IPC = "/weights/update_ipc"  # POST IpcWeightsUpdateRequest -> WeightsUpdateResponse
 ROUTE_WEIGHTS_FINISH = "/weights/finish"  # POST WeightsFinishRequest -> HealthResponse
 ROUTE_ADAPTER = "/adapters/{name}"  # DELETE -> HealthResponse
 
@@ -225,6 +232,21 @@ class WeightsUpdateRequest(_Wire):
         return self
 
 
+class IpcWeightsUpdateRequest(_Wire):
+    """One push as CUDA IPC handles (engines that list "ipc" in `weight_transports`; the trainer's GPU).
+    Targets as in `WeightsUpdateRequest`; the sender keeps the shared buffers alive until this answers."""
+
+    ipc: IpcUpdate
+    adapter: str | None = Field(default=None, min_length=1, max_length=200)
+    lora: LoraSpec | None = None
+
+    @model_validator(mode="after")
+    def _lora_with_adapter(self) -> IpcWeightsUpdateRequest:
+        if (self.adapter is None) != (self.lora is None):
+            raise ValueError("give both `adapter` and `lora` for an adapter, neither for base weights")
+        return self
+
+
 class WeightsUpdateResponse(_Wire):
     num_tensors: int
     num_bytes: int
@@ -263,6 +285,15 @@ class HealthResponse(StateResponse):
     num_running: int = 0
     num_waiting: int = 0
     stats: EngineStats = Field(default_factory=EngineStats)
+    device: str = Field(default="cpu", description="where the engine (its first worker) runs: cpu or cuda:N")
+    gpu_uuid: str | None = Field(default=None, description="that GPU's UUID; null on cpu or when unknown")
+    hostname: str | None = Field(default=None, description="the engine's host (socket.gethostname())")
+    weight_transports: list[Transport] = Field(
+        default_factory=lambda: ["gloo"], description="the weight transfers it takes: gloo, nccl, ipc"
+    )
+    transfer_ranks: int = Field(
+        default=1, ge=1, description="ranks it joins a gloo/NCCL weight group with (one per tensor-parallel worker)"
+    )
 
 
 __all__ = [
@@ -277,12 +308,14 @@ __all__ = [
     "ROUTE_WEIGHTS_FINISH",
     "ROUTE_WEIGHTS_INIT",
     "ROUTE_WEIGHTS_UPDATE",
+    "ROUTE_WEIGHTS_UPDATE_IPC",
     "SECRET_HEADER",
     "EngineStats",
     "GenerateRequest",
     "GenerateResponse",
     "GeneratedSequence",
     "HealthResponse",
+    "IpcWeightsUpdateRequest",
     "LoraSpec",
     "PauseMode",
     "PauseRequest",

@@ -10,6 +10,10 @@ text would have stopped the sample before the abort.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tx.inference.protocol import GenerateRequest, GenerateResponse
 
 Decode = Callable[[list[int]], str]
 EXTRA_TAIL_TOKENS = 4  # beyond one token per character of the longest stop string
@@ -41,3 +45,20 @@ def first_stop_string_end(decode: Decode, tail: list[int], generated: list[int],
         if hits_stop_string(decode, tail, generated[:end], stop_strings):
             return end
     return None
+
+
+def cut_at_resumed_stop(request: GenerateRequest, response: GenerateResponse, decode: Decode) -> GenerateResponse:
+    """For engines that match stop strings on the new text only (vLLM): end each sequence of a resumed
+    request at the token that completes a stop string starting in the earlier text."""
+    tail = resumed_tail(request.prompt_token_ids, request.resumed_tokens, request.stop_strings)
+    if not tail:
+        return response
+    sequences = []
+    for seq in response.sequences:
+        end = first_stop_string_end(decode, tail, seq.token_ids, request.stop_strings)
+        if end is not None and (end < len(seq.token_ids) or seq.stop_reason != "stop"):
+            seq = seq.model_copy(update={
+                "token_ids": seq.token_ids[:end], "logprobs": seq.logprobs[:end], "stop_reason": "stop",
+            })
+        sequences.append(seq)
+    return response.model_copy(update={"sequences": sequences})

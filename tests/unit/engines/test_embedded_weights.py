@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import engine_reference as reference
+from tx.inference.protocol import ROUTE_WEIGHTS_UPDATE_IPC, IpcWeightsUpdateRequest
 from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+from tx.inference.weight_sync.types import IpcUpdate
 
 PROMPT = [5, 17, 230, 1000, 44]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
@@ -126,3 +128,10 @@ def test_sleep_keeps_adapters_at_level_1_and_drops_them_at_level_2(engine, sende
     assert engine.health()["adapters"] == {}
     seq = engine.generate(**{**body, "adapter": None})["sequences"][0]
     reference.assert_raw_logprobs(reference_model, PROMPT, seq)
+
+
+def test_cuda_ipc_push_into_a_cpu_engine_is_a_clear_conflict(engine):
+    body = IpcWeightsUpdateRequest(ipc=IpcUpdate(buckets=[])).model_dump(mode="json")
+    answer = engine.post(ROUTE_WEIGHTS_UPDATE_IPC, body, expect=409)
+    assert "CUDA IPC" in answer["detail"] and "cpu" in answer["detail"]
+    assert engine.health()["weight_transports"] == ["gloo"]

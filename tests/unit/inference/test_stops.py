@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tx.inference.stops import first_stop_string_end, hits_stop_string, resumed_tail
+from tx.inference.stops import cut_at_resumed_stop, first_stop_string_end, hits_stop_string, resumed_tail
 
 
 def decode(ids: list[int]) -> str:
@@ -35,3 +35,19 @@ def test_first_stop_string_end_cuts_after_the_completing_token():
     assert first_stop_string_end(decode, ids("..."), ids("abSTOPcd"), ["STOP"]) == 6
     assert first_stop_string_end(decode, ids("..."), ids("abcd"), ["STOP"]) is None
     assert first_stop_string_end(decode, ids("..."), ids("abcd"), []) is None
+
+
+def test_cut_at_resumed_stop_ends_sequences_at_the_completing_token():
+    from tx.inference.protocol import GeneratedSequence, GenerateRequest, GenerateResponse
+
+    request = GenerateRequest(prompt_token_ids=ids("Q: hi\nA: line one\n"), resumed_tokens=9, stop_strings=["\n\n"])
+    response = GenerateResponse(sequences=[
+        GeneratedSequence(token_ids=ids("\nmore"), logprobs=[-1.0] * 5, stop_reason="length"),
+        GeneratedSequence(token_ids=ids("two\n\n"), logprobs=[-1.0] * 5, stop_reason="stop"),
+        GeneratedSequence(token_ids=ids("two"), logprobs=[-1.0] * 3, stop_reason="length"),
+    ])
+    cut = cut_at_resumed_stop(request, response, decode).sequences
+    assert (cut[0].token_ids, cut[0].logprobs, cut[0].stop_reason) == (ids("\n"), [-1.0], "stop")
+    assert cut[1:] == response.sequences[1:]  # vLLM's own match, and no match: unchanged
+    fresh = request.model_copy(update={"resumed_tokens": 0})
+    assert cut_at_resumed_stop(fresh, response, decode) == response

@@ -56,6 +56,9 @@ class TorchBackend(TrainingBackend):
         self._hosts: dict[str, AdapterHost] = {}
         self._runs: dict[str, Run] = {}
 
+    def training_device(self) -> str:
+        return str(self.device)
+
     # ---- base models ----
 
     def base_model_info(self, base_model: str) -> BaseModelInfo:

@@ -1,10 +1,15 @@
-"""The Ray actor that owns one embedded engine process on its node.
+"""The Ray actor that owns one engine process (embedded or vLLM) on its node.
 
-The actor spawns `python -m tx.inference.engines.embedded` as its child (config as JSON in the
-environment, as `LocalLauncher` does) and reports the URL the engine wrote to its ready file. The child
-inherits what Ray set for the actor (CUDA_VISIBLE_DEVICES from the bundle) plus the placement's extra
-environment. The engine exits when its parent goes away, so `ray.kill` on the actor also ends the
-engine (within about a second); `stop` ends it gracefully first.
+The actor spawns the engine the launcher chose (`ENGINE_KINDS`: `python -m tx.inference.engines.embedded`
+or `python -m tx.inference.engines.vllm`) as its child, config as JSON in the environment as the local
+launchers do, with its run directory as working directory, and reports the URL the engine wrote to its
+ready file. The child inherits what Ray set for the actor (CUDA_VISIBLE_DEVICES from the bundle) plus the
+placement's extra environment.
+
+When the actor dies (`ray.kill`), Ray SIGKILLs its child processes. The embedded engine is one process,
+so it is gone. The vLLM engine runs in a session of its own, and its process group outlives it (vLLM's
+server, engine core, workers); tx's vLLM process leaves a watcher in that group that ends the group when
+tx's process dies, however it dies. `stop` ends the engine gracefully first (for vLLM: its whole group).
 
 `wait_exit` stays pending while the engine runs: its result is the engine's exit code, and it fails
 with Ray's actor error once the actor dies. The launcher reads liveness from it without a round trip.
@@ -18,21 +23,45 @@ import asyncio
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-from tx.inference.engines.embedded.config import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
 
 LOG_TAIL_CHARS = 2000
 
 
-class EngineActor:
-    """Runs one embedded engine as a child process of this actor."""
+@dataclass(frozen=True)
+class EngineKind:
+    """How the actor runs one kind of engine: its config class and its process functions."""
 
-    def __init__(self, name: str, engine_fields: dict, env: dict[str, str], work_dir: str | None,
+    config: type  # an `EngineProcessConfig`
+    spawn: Callable[..., subprocess.Popen]  # (config, **popen_kwargs)
+    wait_ready: Callable[..., str]  # (config, process, timeout_s) -> url
+    stop: Callable[..., None]  # (process, timeout_s)
+
+
+def engine_kind(kind: str) -> EngineKind:
+    if kind == "embedded":
+        from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+        from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+
+        return EngineKind(EmbeddedEngineConfig, spawn_engine, wait_ready, stop_engine)
+    if kind == "vllm":
+        from tx.inference.engines.vllm.config import VllmEngineConfig
+        from tx.inference.engines.vllm.launch import spawn_vllm_engine, stop_process_group, wait_vllm_ready
+
+        return EngineKind(VllmEngineConfig, spawn_vllm_engine, wait_vllm_ready, stop_process_group)
+    raise ValueError(f"unknown engine kind {kind!r}: embedded or vllm")
+
+
+class EngineActor:
+    """Runs one engine of `kind` as a child process of this actor."""
+
+    def __init__(self, name: str, kind: str, engine_fields: dict, env: dict[str, str], work_dir: str | None,
                  driver_node_ip: str | None) -> None:
         import ray  # inside the actor process Ray is always there
 
+        self.kind = engine_kind(kind)
         self.node_ip = ray.util.get_node_ip_address()
         os.environ.update(env)
         if work_dir is None:
@@ -45,19 +74,20 @@ class EngineActor:
         if engine_fields.get("host") is None:  # loopback next to the server; the node's address elsewhere
             same_node = driver_node_ip is not None and driver_node_ip == self.node_ip
             engine_fields = {**engine_fields, "host": "127.0.0.1" if same_node else self.node_ip}
-        ready_file = self.run_dir / "ready.json"
-        self.config = EmbeddedEngineConfig(**engine_fields, ready_file=ready_file, stash_dir=stash)
+        if "stash_dir" in self.kind.config.model_fields:  # the embedded engine stashes weights on sleep
+            engine_fields = {**engine_fields, "stash_dir": stash}
+        self.config = self.kind.config(**engine_fields, ready_file=self.run_dir / "ready.json")
         with open(self.run_dir / "engine.log", "ab") as log:
-            self.process = spawn_engine(self.config, stdout=log, stderr=subprocess.STDOUT)
+            self.process = self.kind.spawn(self.config, stdout=log, stderr=subprocess.STDOUT, cwd=self.run_dir)
 
     async def ready(self, timeout_s: float) -> dict:
         """The engine's URL and pid once it serves; RuntimeError (with its log's tail) if it fails first."""
         try:
-            url = await asyncio.to_thread(wait_ready, self.config, self.process, timeout_s)
+            url = await asyncio.to_thread(self.kind.wait_ready, self.config, self.process, timeout_s)
         except RuntimeError as exc:
-            stop_engine(self.process)
+            await asyncio.to_thread(self.kind.stop, self.process, 10.0)
             raise RuntimeError(f"{exc}\n{self.log_tail()}") from exc
-        return {"url": url, "pid": self.process.pid, "node_ip": self.node_ip,
+        return {"url": url, "pid": self.process.pid, "node_ip": self.node_ip, "run_dir": str(self.run_dir),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     async def wait_exit(self, poll_s: float = 0.2) -> int:
@@ -68,7 +98,7 @@ class EngineActor:
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate the engine (SIGTERM, then SIGKILL after `timeout_s`)."""
-        await asyncio.to_thread(stop_engine, self.process, timeout_s)
+        await asyncio.to_thread(self.kind.stop, self.process, timeout_s)
 
     def log_tail(self) -> str:
         return (self.run_dir / "engine.log").read_text(errors="replace")[-LOG_TAIL_CHARS:]

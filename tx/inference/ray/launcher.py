@@ -1,4 +1,4 @@
-"""`RayLauncher`: embedded engines as Ray actors in one placement group (the `Launcher` seam).
+"""`RayLauncher`: engines (embedded or vLLM) as Ray actors in one placement group (the `Launcher` seam).
 
 Design / who owns what:
 - `connect()` joins a Ray cluster (`address`) or starts a local one (tests, one machine). The
@@ -6,7 +6,10 @@ Design / who owns what:
 - The launcher owns one placement group, built from a `PlacementSpec` on the first `start` (after
   checking the cluster can hold it). Each engine name gets a slot (bundle) the first time it starts
   and keeps it across restarts; trainer workers get their options from `trainer_options`.
-- One `EngineActor` per engine; it owns the engine process. `start(name)` replaces any previous actor
+- One `EngineActor` per engine; it owns the engine process, of the kind the launcher was built for
+  (`engine="embedded"` or `"vllm"`, with that engine's options, e.g. vLLM's dtype and extra args).
+  A vLLM engine wider than one GPU (tensor parallel) gets the GPUs of all its bundles in
+  CUDA_VISIBLE_DEVICES (`bundle_gpus`) and runs its TP workers itself; its bundles must share a node. `start(name)` replaces any previous actor
   of that name (the manager restarts a dead engine by starting it again). `stop` ends the engine
   gracefully, then kills the actor. `close` kills what is left and removes the placement group.
 - The manager talks to engines over HTTP only, as with local processes; Ray places and supervises.
@@ -66,6 +69,27 @@ def ray_options(placement: ActorPlacement, group: PlacementGroup) -> dict[str, A
     return {"num_gpus": placement.num_gpus, "num_cpus": placement.num_cpus, "scheduling_strategy": strategy}
 
 
+@ray.remote(num_cpus=0)
+def _gpu_ids() -> tuple[str, list[str]]:
+    return ray.get_runtime_context().get_node_id(), [str(i) for i in ray.get_gpu_ids()]
+
+
+async def bundle_gpus(placement: ActorPlacement, group: PlacementGroup, spec: PlacementSpec) -> dict[str, str]:
+    """{"CUDA_VISIBLE_DEVICES": the GPUs of every bundle of a multi-bundle (TP) engine}, found by a task
+    in each bundle claiming what the engine's share would be; {} for a one-bundle engine or without GPUs.
+    ValueError if the bundles are on different nodes (one engine's TP workers run on one node)."""
+    if len(placement.bundle_indices) < 2 or not spec.use_gpu:
+        return {}
+    claim = spec.claim()[0]
+    refs = [_gpu_ids.options(num_gpus=claim, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        placement_group=group, placement_group_bundle_index=i)).remote() for i in placement.bundle_indices]
+    found = await asyncio.gather(*refs)
+    if len({node for node, _ in found}) > 1:
+        raise ValueError(f"the bundles {placement.bundle_indices} of one tensor-parallel engine are on different "
+                         "nodes; use strategy STRICT_PACK or nodes with tensor_parallel_size GPUs each")
+    return {"CUDA_VISIBLE_DEVICES": ",".join(gpu for _, ids in found for gpu in ids)}
+
+
 @dataclass
 class RayEngine:
     """An engine running in a Ray actor (an `EngineHandle`)."""
@@ -77,6 +101,7 @@ class RayEngine:
     engine_pid: int
     node_ip: str
     bundle_index: int
+    run_dir: str | None = None  # the engine's working directory on its node (log, ready file)
     cuda_visible_devices: str | None = None
 
     @property
@@ -91,23 +116,33 @@ class RayEngine:
 
 
 class RayLauncher:
-    """Starts embedded engines as Ray actors placed by a `PlacementSpec`."""
+    """Starts engines (embedded or vLLM) as Ray actors placed by a `PlacementSpec`."""
 
-    def __init__(self, placement: PlacementSpec, secret: str, *, address: str | None = None,
-                 work_dir: Path | None = None, host: str | None = None, max_adapters: int = 8,
-                 num_threads: int | None = None, log_level: str = "info", startup_timeout_s: float = 300.0,
-                 placement_timeout_s: float = 60.0, stop_timeout_s: float = 10.0) -> None:
-        if placement.tensor_parallel_size != 1:
+    def __init__(self, placement: PlacementSpec, secret: str, *, engine: str = "embedded",
+                 address: str | None = None, work_dir: Path | None = None, host: str | None = None,
+                 max_adapters: int = 8, log_level: str = "info", startup_timeout_s: float = 300.0,
+                 placement_timeout_s: float = 60.0, stop_timeout_s: float = 10.0, **engine_options: Any) -> None:
+        """`engine_options`: more fields of the engine's config (embedded: num_threads; vLLM: dtype,
+        max_lora_rank, gpu_memory_utilization, extra_args such as `--tensor-parallel-size`, ...)."""
+        if engine == "vllm":
+            from tx.inference.engines.vllm import require_vllm
+
+            require_vllm()  # a missing or unsupported vLLM fails at server start, not at the first sample
+            engine_options = {"startup_timeout_s": startup_timeout_s, **engine_options}
+        elif engine != "embedded":
+            raise ValueError(f"unknown engine {engine!r}: embedded or vllm")
+        elif placement.tensor_parallel_size != 1:
             raise ValueError(
                 "the embedded engine runs on one device; tensor_parallel_size > 1 needs the vLLM engine"
             )
+        self.engine = engine
+        self.engine_options = engine_options
         self.placement = placement
         self.secret = secret
         self.address = address
         self.work_dir = work_dir  # on the engine's node; None: a temporary directory there
         self.host = host  # None: loopback on the server's node, the node's address elsewhere
         self.max_adapters = max_adapters
-        self.num_threads = num_threads
         self.log_level = log_level
         self.startup_timeout_s = startup_timeout_s
         self.placement_timeout_s = placement_timeout_s
@@ -125,11 +160,12 @@ class RayLauncher:
         placement = self.placement.engine(self._slot(name))
         fields = {
             "model_dir": str(model_dir), "cluster_secret": self.secret, "host": self.host, "port": 0,
-            "max_adapters": self.max_adapters, "num_threads": self.num_threads, "log_level": self.log_level,
+            "max_adapters": self.max_adapters, "log_level": self.log_level, **self.engine_options,
         }
+        env = await bundle_gpus(placement, group, self.placement)
         actor_class = _remote_engine_actor().options(max_restarts=0, **ray_options(placement, group))
         here = ray.util.get_node_ip_address()
-        actor = actor_class.remote(name, fields, placement.env, _str(self.work_dir), here)
+        actor = actor_class.remote(name, self.engine, fields, env, _str(self.work_dir), here)
         try:
             ready = actor.ready.remote(self.startup_timeout_s)
             info = await asyncio.wait_for(ready, self.startup_timeout_s + 30)
@@ -139,7 +175,7 @@ class RayLauncher:
             raise RuntimeError(f"engine {name} failed to start as a Ray actor: {cause}") from exc
         engine = RayEngine(
             name=name, url=info["url"], actor=actor, exited=actor.wait_exit.remote(), engine_pid=info["pid"],
-            node_ip=info["node_ip"], bundle_index=placement.bundle_index,
+            node_ip=info["node_ip"], bundle_index=placement.bundle_index, run_dir=info["run_dir"],
             cuda_visible_devices=info["cuda_visible_devices"],
         )
         self._engines[name] = engine

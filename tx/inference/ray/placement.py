@@ -8,9 +8,11 @@ Layout (engines.md §7, after SkyRL and vLLM's RLHF examples):
   `e*t .. e*t+t-1`; there are `max(trainer ranks, engines * t)` bundles.
 - Not colocated: the trainer's bundles come first (`0 .. ranks-1`), the engines' after them, and
   every actor claims its bundle's whole GPU.
-- An engine wider than one GPU (t > 1) is one actor with no resources of its own, scheduled on its
-  first bundle with child-task capture, and tells vLLM's Ray executor which bundles its workers take
-  (`VLLM_RAY_BUNDLE_INDICES`) and how much GPU each claims (`VLLM_RAY_PER_WORKER_GPUS`).
+- An engine wider than one GPU (t > 1, vLLM only) is one actor with no resources of its own, scheduled
+  on its first bundle; the launcher gives its engine the GPUs of its t bundles (CUDA_VISIBLE_DEVICES) and
+  vLLM runs its tensor-parallel workers as its own processes (not vLLM's Ray executor: the engine is a
+  child process of the actor, outside Ray). Its t bundles must be on one node (PACK does that when the
+  nodes have t GPUs or more free; STRICT_PACK forces it for the whole group).
 - Without GPUs (`use_gpu=False`) bundles hold CPUs only; useful for CPU clusters and tests.
 
 The launcher turns an `ActorPlacement` into Ray's actor options; nothing here starts anything.
@@ -18,7 +20,7 @@ The launcher turns an `ActorPlacement` into Ray's actor options; nothing here st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -30,8 +32,7 @@ class ActorPlacement:
     bundle_index: int
     num_gpus: float
     num_cpus: float
-    bundle_indices: tuple[int, ...] = ()  # every bundle the actor's work spans (its TP ranks)
-    env: dict[str, str] = field(default_factory=dict)  # set in the actor's process before the engine starts
+    bundle_indices: tuple[int, ...] = ()  # every bundle the actor's work spans (its TP ranks' GPUs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +86,7 @@ class PlacementSpec:
         bundle = {"GPU": 1, "CPU": self.cpus_per_bundle} if self.use_gpu else {"CPU": self.cpus_per_bundle}
         return [dict(bundle) for _ in range(self.num_bundles)]
 
-    def _claim(self) -> tuple[float, float]:
+    def claim(self) -> tuple[float, float]:
         """(num_gpus, num_cpus) one actor claims from its bundle."""
         if self.colocate:
             return self.gpu_fraction, self.cpus_per_bundle * self.gpu_fraction
@@ -98,13 +99,10 @@ class PlacementSpec:
         tp = self.tensor_parallel_size
         first = (0 if self.colocate else self.num_trainer_workers) + index * tp
         indices = tuple(range(first, first + tp))
-        num_gpus, num_cpus = self._claim()
+        num_gpus, num_cpus = self.claim()
         if tp == 1:
             return ActorPlacement(first, num_gpus, num_cpus, indices)
-        env = {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, indices))}
-        if self.use_gpu:
-            env["VLLM_RAY_PER_WORKER_GPUS"] = str(num_gpus)
-        return ActorPlacement(first, 0, 0, indices, env)
+        return ActorPlacement(first, 0, 0, indices)  # the launcher hands it the GPUs of `indices`
 
     def trainer(self, rank: int) -> ActorPlacement:
         """Placement of trainer worker `rank` (0-based)."""
@@ -113,7 +111,7 @@ class PlacementSpec:
                 f"trainer rank {rank} out of range: "
                 f"the group holds {self.num_trainer_workers} trainer workers"
             )
-        num_gpus, num_cpus = self._claim()
+        num_gpus, num_cpus = self.claim()
         return ActorPlacement(rank, num_gpus, num_cpus, (rank,))
 
     def check_fits(self, cluster_resources: dict[str, float]) -> None:

@@ -109,13 +109,15 @@ def _cuda_device(device: torch.device | None) -> torch.device:
     return torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _device_uuid(index: int) -> str:
+def cuda_device_uuid(index: int) -> str:
+    """The UUID of CUDA device `index` (as this process numbers it): the same string in every process that
+    sees that GPU, whatever CUDA_VISIBLE_DEVICES says. Reads device properties only; allocates nothing."""
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
 def _device_by_uuid(uuid: str) -> int:
     for index in range(torch.cuda.device_count()):
-        if _device_uuid(index) == uuid:
+        if cuda_device_uuid(index) == uuid:
             return index
     raise WeightSyncError(
         f"the sender's GPU {uuid} is not visible to this process (check CUDA_VISIBLE_DEVICES)"
@@ -136,7 +138,7 @@ def _handle_of(buffer: torch.Tensor) -> CudaIpcHandle:
     _, args = reduce_tensor(buffer)
     (_, _, _, _, _, _, device, handle, size, offset, _, ref_handle, ref_offset, event, event_sync) = args
     return CudaIpcHandle(
-        device_uuid=_device_uuid(device),
+        device_uuid=cuda_device_uuid(device),
         storage_handle_b64=base64.b64encode(handle).decode("ascii"),
         storage_size_bytes=size,
         storage_offset_bytes=offset,

@@ -76,6 +76,10 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
     def weights_update(request: p.WeightsUpdateRequest) -> p.WeightsUpdateResponse:
         return engine.update_weights(request)
 
+    @app.post(p.ROUTE_WEIGHTS_UPDATE_IPC, dependencies=guarded)
+    def weights_update_ipc(request: p.IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
+        return engine.update_weights_ipc(request)
+
     @app.post(p.ROUTE_WEIGHTS_FINISH, dependencies=guarded)
     def weights_finish(request: p.WeightsFinishRequest) -> p.HealthResponse:
         return engine.finish_weights(request)

@@ -10,6 +10,7 @@ Design / who owns what:
 from __future__ import annotations
 
 import logging
+import socket
 from concurrent.futures import Future
 
 import torch
@@ -22,6 +23,7 @@ from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import (
     GenerateRequest,
     HealthResponse,
+    IpcWeightsUpdateRequest,
     PauseMode,
     StateResponse,
     WakeTag,
@@ -30,7 +32,7 @@ from tx.inference.protocol import (
     WeightsUpdateResponse,
 )
 from tx.inference.multimodal import ImageLimits, vision_processor
-from tx.inference.weight_sync import TransferInit
+from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
 from tx.types import NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class EmbeddedEngine:
         self.receiver = WeightReceiver(self.weights)
         self.vision = vision_processor(config.model_dir)  # None for a text-only model
         self.image_limits = ImageLimits()  # the server checked its own caps; these only bound the work here
+        self.placement = _placement(self.weights.device)  # what /health says about where this engine runs
 
     def start(self) -> None:
         self.scheduler.start()
@@ -116,6 +119,9 @@ class EmbeddedEngine:
     def update_weights(self, request: WeightsUpdateRequest) -> WeightsUpdateResponse:
         return self.receiver.update(request)
 
+    def update_weights_ipc(self, request: IpcWeightsUpdateRequest) -> WeightsUpdateResponse:
+        return self.receiver.update_ipc(request)
+
     def finish_weights(self, request: WeightsFinishRequest) -> HealthResponse:
         self.weights.set_version(request.version, request.adapter)
         for name in request.remove_adapters:
@@ -146,4 +152,16 @@ class EmbeddedEngine:
             num_running=running,
             num_waiting=waiting,
             stats=self.scheduler.stats.model_copy(),
+            **self.placement,
         )
+
+
+def _placement(device: torch.device) -> dict:
+    """Device, GPU UUID, host and the weight transports this engine takes (NCCL and CUDA IPC on a GPU)."""
+    transports: list[Transport] = ["gloo"]
+    gpu_uuid = None
+    if device.type == "cuda":
+        transports += ["nccl", "ipc"]
+        gpu_uuid = cuda_device_uuid(device.index)
+    return {"device": str(device), "gpu_uuid": gpu_uuid, "hostname": socket.gethostname(),
+            "weight_transports": transports}

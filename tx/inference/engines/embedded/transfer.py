@@ -1,5 +1,5 @@
-"""Receiving weights over a collective group (gloo; NCCL when the engine is on a GPU) and applying them to the
-engine's `Weights`.
+"""Receiving weights over a collective group (gloo; NCCL when the engine is on a GPU) or as CUDA IPC handles
+(the trainer's own GPU), and applying them to the engine's `Weights`.
 
 Design / who owns what:
 - `init` builds a `BroadcastReceiver` (this engine is a single worker: rank `rank_offset`; tensors land on the
@@ -8,6 +8,8 @@ Design / who owns what:
 - `update` waits for that join, then consumes the whole broadcast (the sender waits for every bucket, so the
   iterator is always drained, even after a bad tensor) and applies it: base tensors are copied in place one by
   one under the weights lock; LoRA tensors are gathered and loaded as one adapter.
+- `update_ipc` maps the trainer's shared buffers and applies them the same way (every tensor is copied into
+  the model before the answer, after which the trainer releases its buffers); no group is needed.
 - One update at a time (`_busy`).
 """
 
@@ -18,8 +20,8 @@ import threading
 import time
 
 from tx.inference.engines.embedded.weights import Weights
-from tx.inference.protocol import WeightsUpdateRequest, WeightsUpdateResponse
-from tx.inference.weight_sync import BroadcastReceiver, TransferInit
+from tx.inference.protocol import IpcWeightsUpdateRequest, WeightsUpdateRequest, WeightsUpdateResponse
+from tx.inference.weight_sync import BroadcastReceiver, IpcReceiver, TransferInit
 from tx.types import ConflictError, UserError
 
 logger = logging.getLogger(__name__)
@@ -72,7 +74,21 @@ class WeightReceiver:
                 seconds=time.perf_counter() - start,
             )
 
-    def _apply(self, request: WeightsUpdateRequest, received) -> int:
+    def update_ipc(self, request: IpcWeightsUpdateRequest) -> WeightsUpdateResponse:
+        """Apply one push of CUDA IPC handles; returns when every tensor was copied into the model."""
+        if self.weights.device.type != "cuda":
+            raise ConflictError(f"this engine runs on {self.weights.device}: CUDA IPC needs it on a GPU")
+        with self._busy:
+            start = time.perf_counter()
+            received = IpcReceiver(self.weights.device).receive(request.ipc)
+            num_bytes = self._apply(request, received)
+            return WeightsUpdateResponse(
+                num_tensors=sum(len(bucket.tensors) for bucket in request.ipc.buckets),
+                num_bytes=num_bytes,
+                seconds=time.perf_counter() - start,
+            )
+
+    def _apply(self, request: WeightsUpdateRequest | IpcWeightsUpdateRequest, received) -> int:
         if request.adapter is None:
             return self._apply_base(received)
         tensors = dict(received)

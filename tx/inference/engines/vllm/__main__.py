@@ -2,7 +2,10 @@
 
 Checks the vLLM version (exit code 2 with a clear message if missing or unsupported), starts `vllm serve` as a
 child on a private Unix socket, waits until it is healthy, then serves tx's routes on `host:port` and writes
-the ready file. Exits (stopping vLLM) on SIGTERM, when vLLM dies, or when its parent goes away.
+the ready file. Exits (stopping vLLM) on SIGTERM, when vLLM dies, or when its parent goes away. Started as the
+leader of its own process group (as tx's launchers start it), it also leaves a watcher in that group that ends
+the group (vLLM's server, engine core, workers) once this process is gone, even if it was SIGKILLed (as Ray
+does to an actor's children).
 """
 
 from __future__ import annotations
@@ -69,6 +72,25 @@ def _watch(child: VllmChild, exit_with_parent: bool, cleanup) -> None:
     threading.Thread(target=watch, name="tx-vllm-watch", daemon=True).start()
 
 
+def _end_group_when_gone() -> None:
+    """Fork a watcher that SIGKILLs this process group (itself included) once this process exits, however it
+    exits: it waits for EOF on a pipe whose only writer is this process. Only as a group leader."""
+    if os.getpgid(0) != os.getpid():
+        return
+    read_fd, write_fd = os.pipe()  # not inherited by vLLM (close-on-exec)
+    if os.fork() == 0:
+        try:
+            for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)  # the group's SIGTERM is for the engine, not for this
+            os.close(write_fd)
+            while os.read(read_fd, 1):
+                pass
+            os.killpg(0, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(read_fd)  # `write_fd` stays open for as long as this process lives
+
+
 def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)  # runs the `finally` that stops vLLM
 
@@ -96,12 +118,13 @@ def main() -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_on_signal)
+    _end_group_when_gone()
     child = VllmChild(config, run_dir, BASE_MODEL_NAME, sleep_mode_on(config))
     child.start()
     try:
+        _watch(child, config.exit_with_parent, cleanup)  # from the start: a parent may go while vLLM loads
         child.wait_healthy(config.startup_timeout_s)
         logger.info("vLLM %s healthy (sleep mode %s)", version, "on" if child.sleep_mode else "off")
-        _watch(child, config.exit_with_parent, cleanup)
         engine = VllmEngine(config, child, lora_dir)
         uv_config = uvicorn.Config(create_app(engine), log_level=config.log_level, access_log=False)
         server = _Server(uv_config, config, url)

@@ -7,6 +7,7 @@ dev mode and runtime LoRA updating on, and tx's worker extension injected. Nothi
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 
 from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
+from tx.inference.engines.vllm.images import is_multimodal
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +58,6 @@ class VllmChild:
             str(self.socket),
             "--served-model-name",
             self.served_name,
-            "--enable-lora",
-            "--max-loras",
-            str(c.max_gpu_adapters),
-            "--max-lora-rank",
-            str(c.max_lora_rank),
-            "--max-cpu-loras",
-            str(max(c.max_adapters, c.max_gpu_adapters)),
             "--worker-extension-cls",
             WORKER_EXTENSION,
             "--generation-config",
@@ -77,12 +72,18 @@ class VllmChild:
             "--uvicorn-log-level",
             "warning",
         ]
+        if c.enable_lora:
+            args += ["--enable-lora", "--max-loras", str(c.max_gpu_adapters), "--max-lora-rank",
+                     str(c.max_lora_rank), "--max-cpu-loras", str(max(c.max_adapters, c.max_gpu_adapters))]
         if c.max_model_len is not None:
             args += ["--max-model-len", str(c.max_model_len)]
         if c.gpu_memory_utilization is not None:
             args += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         if self.sleep_mode:
             args.append("--enable-sleep-mode")
+        if is_multimodal(c.model_dir):  # image prompts go through /inference/v1/generate (see images.py)
+            limits = {"image": c.max_images_per_prompt, "video": 0}
+            args += ["--enable-scale-out", "--limit-mm-per-prompt", json.dumps(limits)]
         return args + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -33,6 +33,12 @@ class VllmEngineConfig(EngineProcessConfig):
     enable_sleep_mode: bool | None = Field(
         default=None, description="vLLM sleep mode; default: on with a CUDA GPU (CPU builds have none)"
     )
+    enable_lora: bool = Field(
+        default=True, description="vLLM --enable-lora; off for a model vLLM has no LoRA for (e.g. Aria)"
+    )
+    max_images_per_prompt: int = Field(
+        default=4, ge=1, description="vLLM --limit-mm-per-prompt for images (vision-language models only)"
+    )
     cpu_kv_cache_gib: float = Field(default=1.0, gt=0, description="VLLM_CPU_KVCACHE_SPACE on CPU builds")
     extra_args: list[str] = Field(default_factory=list, description="more `vllm serve` flags, e.g. TP size")
     extra_env: dict[str, str] = Field(default_factory=dict, description="more environment for vLLM")

@@ -8,7 +8,8 @@ Design / who owns what:
   state) and maps each operation: generate -> `/v1/completions` (see `translate.py`); pause/resume -> vLLM's;
   sleep/wake -> vLLM's where sleep mode is on (a GPU), else only tx's bookkeeping (vLLM's CPU build has no
   sleep mode; `/health` says so in `status`); weights -> `/collective_rpc` into `worker.TxWorkerExtension`.
-  Requests with images are refused with a 400 (`images.py` says why).
+  Requests with images go to vLLM's token-in/token-out `/inference/v1/generate` instead, with the images as
+  data URLs (`images.py` says why and how); text requests keep `/v1/completions`.
 - New requests wait in this process while the engine is paused or asleep (the contract queues, it never
   rejects; vLLM >= 0.33 would answer 503), so vLLM never samples from weights that are asleep.
 - After every base-weight change the prefix cache is reset (running requests included): otherwise a cached
@@ -18,9 +19,13 @@ Design / who owns what:
 from __future__ import annotations
 
 import asyncio
+import functools
 import shutil
+import socket
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -28,9 +33,23 @@ from tx.inference import protocol as p
 from tx.inference.engines.vllm.batch import BatchGate
 from tx.inference.engines.vllm.child import VllmChild, VllmError, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
-from tx.inference.engines.vllm.images import refuse_images
-from tx.inference.engines.vllm.translate import completion_bodies, generate_response, wants_prompt_logprobs
-from tx.inference.weight_sync import IpcUpdate, TransferInit
+from tx.inference.engines.vllm.images import (
+    VisionModel,
+    check_expansion,
+    check_images,
+    collapsed_prompt,
+    content_parts,
+    decode_images,
+)
+from tx.inference.engines.vllm.translate import (
+    completion_bodies,
+    generate_response,
+    tokens_answer,
+    tokens_body,
+    wants_prompt_logprobs,
+)
+from tx.inference.stops import cut_at_resumed_stop
+from tx.inference.weight_sync import IpcUpdate, TransferInit, Transport, cuda_device_uuid
 from tx.types import ConflictError, NotFoundError, UserError
 
 BASE_MODEL_NAME = "tx-base"  # vLLM's name for the base model (requests name an adapter or this)
@@ -66,11 +85,17 @@ class VllmEngine:
         self._open.set()
         self._weights = asyncio.Lock()
         self._batch = BatchGate()
+        self.vision = VisionModel.load(config.model_dir)  # None: a text-only model
+        self._placement: dict | None = None  # what /health says about where vLLM runs (read on first use)
+        self._tokenizer: Any = None  # for stop strings across an abort (loaded on first use)
 
     # ---- sampling
 
     async def generate(self, request: p.GenerateRequest) -> p.GenerateResponse:
-        refuse_images(request)  # a 400 before queueing: see images.py
+        if request.images or self.vision is not None:  # a 400 before queueing: see images.py
+            check_images(request, self.vision, self.config.max_images_per_prompt)
+        if request.images:
+            await asyncio.to_thread(decode_images, request)
         if request.adapter is not None and request.adapter not in self.adapters:
             raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
         self.num_waiting += 1
@@ -83,23 +108,44 @@ class VllmEngine:
         model = request.adapter or self.child.served_name
         isolate = wants_prompt_logprobs(request) and bool(self.adapters)
         bodies = completion_bodies(request, model, isolate_prompt_logprobs=isolate)
+        complete = self._complete
+        if request.images:
+            prompt, parts = collapsed_prompt(request, self.vision.image_token_id), content_parts(request)
+            bodies = [tokens_body(body, prompt, parts) for body in bodies]
+            complete = functools.partial(self._generate_tokens, request)
         self.num_running += 1
         try:
             answers = []
             if isolate:  # alone in vLLM's batch: see translate.py (LoRA + prompt logprobs)
                 async with self._batch.exclusive():
-                    answers.append(await self._complete(bodies[0]))
+                    answers.append(await complete(bodies[0]))
                 bodies = bodies[1:]
             async with self._batch.shared():
-                answers += await asyncio.gather(*(self._complete(body) for body in bodies))
+                answers += await asyncio.gather(*(complete(body) for body in bodies))
         finally:
             self.num_running -= 1
         response = generate_response(request, answers)
+        if request.resumed_tokens and request.stop_strings:  # vLLM matches stop strings on the new text only
+            response = cut_at_resumed_stop(request, response, await self._decoder())
         self._count(request, response)
         return response
 
+    async def _decoder(self) -> Callable[[list[int]], str]:
+        """The model's tokenizer, as tx's stop-string matching decodes (loaded on first use)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.config.model_dir))
+        return functools.partial(self._tokenizer.decode, skip_special_tokens=False)
+
     async def _complete(self, body: dict) -> dict:
         return await self.child.call("POST", "/v1/completions", json_body=body)
+
+    async def _generate_tokens(self, request: p.GenerateRequest, body: dict) -> dict:
+        """One image-prompt body through `/inference/v1/generate`, checked and shaped like a completion."""
+        answer = await self.child.call("POST", "/inference/v1/generate", json_body=body)
+        check_expansion(request, answer)
+        return tokens_answer(answer)
 
     def _count(self, request: p.GenerateRequest, response: p.GenerateResponse) -> None:
         stats = self.stats
@@ -198,6 +244,8 @@ class VllmEngine:
     async def _update_adapter(
         self, name: str, lora: p.LoraSpec, method: str, payload: str
     ) -> p.WeightsUpdateResponse:
+        if not self.config.enable_lora:
+            raise UserError("this vLLM engine runs without LoRA (enable_lora is off): it takes no adapters")
         async with self._weights:
             self._require_awake()
             if name not in self.adapters and len(self.adapters) >= self.config.max_adapters:
@@ -279,6 +327,8 @@ class VllmEngine:
         return "ok" if self.child.sleep_mode else CPU_SLEEP_NOTE
 
     def health(self) -> p.HealthResponse:
+        if self._placement is None:
+            self._placement = _placement(self.config)
         return p.HealthResponse(
             status=self._status(),
             paused=self.paused,
@@ -291,6 +341,7 @@ class VllmEngine:
             num_running=self.num_running,
             num_waiting=self.num_waiting,
             stats=self.stats.model_copy(),
+            **self._placement,
         )
 
     async def transfer_state(self) -> str:
@@ -301,6 +352,34 @@ class VllmEngine:
             except (VllmError, httpx.HTTPError, KeyError):
                 pass
         return self.transfer
+
+
+def _placement(config: VllmEngineConfig) -> dict:
+    """Device, GPU UUID, host and weight transports of the vLLM child. Its first worker runs on the first GPU
+    it sees, which is this process's cuda:0 unless `extra_env` sets another CUDA_VISIBLE_DEVICES (then the
+    UUID is unknown). CUDA IPC needs every worker on the trainer's GPU: one worker (no tensor parallelism)."""
+    import torch
+
+    hostname, workers = socket.gethostname(), _tensor_parallel_size(config.extra_args)
+    if not torch.cuda.is_available():  # vLLM's CPU build
+        return {"device": "cpu", "gpu_uuid": None, "hostname": hostname, "weight_transports": ["gloo"],
+                "transfer_ranks": workers}
+    gpu_uuid = None if "CUDA_VISIBLE_DEVICES" in config.extra_env else cuda_device_uuid(0)
+    transports: list[Transport] = ["gloo", "nccl"]
+    if workers == 1:
+        transports.append("ipc")
+    return {"device": "cuda:0", "gpu_uuid": gpu_uuid, "hostname": hostname, "weight_transports": transports,
+            "transfer_ranks": workers}
+
+
+def _tensor_parallel_size(args: list[str]) -> int:
+    size = 1
+    for i, arg in enumerate(args):
+        if arg in ("--tensor-parallel-size", "-tp") and i + 1 < len(args):
+            size = int(args[i + 1])
+        elif arg.startswith("--tensor-parallel-size="):
+            size = int(arg.split("=", 1)[1])
+    return size
 
 
 __all__ = [

@@ -8,6 +8,9 @@
   #16668, #51594; the engine runs such a body alone, see `server.VllmEngine.generate`.)
 - Logprobs are vLLM's raw ones (`--logprobs-mode raw_logprobs`, `logprobs: 0`: the sampled token only).
 - `max_tokens = 0` (prompt logprobs only) asks vLLM for one token and drops it.
+- Image prompts take the same bodies, rewritten for vLLM's `/inference/v1/generate` (`tokens_body`: the
+  collapsed prompt, the images as content parts, the same sampling params); `tokens_answer` puts its answer in
+  the completions shape, so `generate_response` serves both (see images.py).
 """
 
 from __future__ import annotations
@@ -126,3 +129,44 @@ def _prompt_logprobs(
             )
             topk[position] = [(token, logprob) for _, token, logprob in best[:k]]
     return values, topk
+
+
+# ---- image prompts: `/inference/v1/generate` (see images.py)
+
+_SAMPLING_KEYS = (
+    "n", "seed", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop",
+    "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "skip_special_tokens",
+)
+
+
+def tokens_body(
+    completion: dict[str, Any], token_ids: list[int], parts: list[dict[str, str]]
+) -> dict[str, Any]:
+    """The `/inference/v1/generate` body that asks what `completion` (a `completion_bodies` entry) asks, for
+    the prompt `token_ids` (one placeholder per image) and its images as content parts."""
+    return {
+        "model": completion["model"],
+        "token_ids": list(token_ids),
+        "content_parts": parts,
+        "sampling_params": {key: completion[key] for key in _SAMPLING_KEYS},
+        "return_token_ids": True,
+        "output_mode": "tokens",
+    }
+
+
+def tokens_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """A `/inference/v1/generate` answer in `/v1/completions`' shape, for `generate_response`: each choice's
+    sampled-token logprobs as `logprobs.token_logprobs`, the prompt logprobs on the first choice."""
+    choices = []
+    for position, choice in enumerate(sorted(answer["choices"], key=lambda c: c["index"])):
+        content = (choice.get("logprobs") or {}).get("content") or []
+        choices.append(
+            {
+                "index": choice["index"],
+                "finish_reason": choice.get("finish_reason"),
+                "token_ids": choice.get("token_ids"),
+                "logprobs": {"token_logprobs": [entry["logprob"] for entry in content]},
+                "prompt_logprobs": answer.get("prompt_logprobs") if position == 0 else None,
+            }
+        )
+    return {"choices": choices}
