@@ -5,6 +5,12 @@ aligned to `ALIGN_BYTES`), so a model mixing bfloat16 weights and float32 norms 
 many small broadcasts and the send order stays the caller's order. Tensors fill a bucket in order until the
 next one would pass `bucket_bytes`; a tensor larger than `bucket_bytes` travels alone in a bucket of its own
 size.
+
+A bucket goes on the wire as one or more `Piece`s (byte ranges of it, each its own broadcast). On gloo every
+tensor of at least `DIRECT_BYTES` is a piece of its own, so the sender can broadcast it straight from the
+caller's memory instead of copying it into the bucket first (on a few CPU cores that copy competes with the
+socket copies, and on a busy machine its thread-pool hand-offs stall); runs of smaller tensors stay packed.
+NCCL sends each bucket as one piece (packing on the GPU is nearly free; fewer, larger NCCL calls are better).
 """
 
 from __future__ import annotations
@@ -18,6 +24,17 @@ from tx.inference.weight_sync.types import TensorSpec, TransferUpdate, dtype_nam
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 ALIGN_BYTES = 64
+DIRECT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes `start : end` of a bucket, broadcast as one unit; `spec` is the index (in the bucket) of the one
+    tensor the piece holds exactly, or None for a packed run of tensors."""
+
+    start: int
+    end: int
+    spec: int | None
 
 
 @dataclass(frozen=True)
@@ -27,6 +44,25 @@ class Bucket:
     specs: list[TensorSpec]
     offsets: list[int]
     nbytes: int
+
+    def pieces(self, direct_bytes: int | None = DIRECT_BYTES) -> list[Piece]:
+        """The non-empty byte ranges to broadcast, in order: each tensor of at least `direct_bytes` alone, the
+        tensors between them packed together; with `direct_bytes=None` the whole bucket as one piece."""
+        if direct_bytes is None:
+            return [Piece(0, self.nbytes, None)] if self.nbytes else []
+        pieces: list[Piece] = []
+        run_start: int | None = None
+        for index, (spec, offset) in enumerate(zip(self.specs, self.offsets)):
+            if spec.nbytes >= direct_bytes:
+                if run_start is not None and offset > run_start:
+                    pieces.append(Piece(run_start, offset, None))
+                pieces.append(Piece(offset, offset + spec.nbytes, index))
+                run_start = None
+            elif run_start is None:
+                run_start = offset
+        if run_start is not None and self.nbytes > run_start:
+            pieces.append(Piece(run_start, self.nbytes, None))
+        return pieces
 
 
 def plan_update(

@@ -72,9 +72,10 @@ def _watch(child: VllmChild, exit_with_parent: bool, cleanup) -> None:
     threading.Thread(target=watch, name="tx-vllm-watch", daemon=True).start()
 
 
-def _end_group_when_gone() -> None:
-    """Fork a watcher that SIGKILLs this process group (itself included) once this process exits, however it
-    exits: it waits for EOF on a pipe whose only writer is this process. Only as a group leader."""
+def _end_group_when_gone(cleanup) -> None:
+    """Fork a watcher that runs `cleanup()` (the private adapter and socket dirs) and SIGKILLs this process
+    group (itself included) once this process exits, however it exits: it waits for EOF on a pipe whose only
+    writer is this process. Only as a group leader."""
     if os.getpgid(0) != os.getpid():
         return
     read_fd, write_fd = os.pipe()  # not inherited by vLLM (close-on-exec)
@@ -85,6 +86,7 @@ def _end_group_when_gone() -> None:
             os.close(write_fd)
             while os.read(read_fd, 1):
                 pass
+            cleanup()
             os.killpg(0, signal.SIGKILL)
         finally:
             os._exit(0)
@@ -118,7 +120,7 @@ def main() -> None:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_on_signal)
-    _end_group_when_gone()
+    _end_group_when_gone(cleanup)
     child = VllmChild(config, run_dir, BASE_MODEL_NAME, sleep_mode_on(config))
     child.start()
     try:
