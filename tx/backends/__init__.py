@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from tx.backends.base import TrainingBackend
 
 if TYPE_CHECKING:
-    from tx.inference.multimodal import ImageLimits
+    from tx.multimodal import ImageLimits
 
 
 def create_backend(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
-from tx.inference.multimodal import ImageInputs
+from tx.multimodal import ImageInputs
 from tx.store.store import Store
 from tx.types import ConflictError, ErrorCategory, NotFoundError, OverloadedError, SampleRequest, UserError
 

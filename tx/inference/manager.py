@@ -56,7 +56,6 @@ from tx.inference.protocol import (
     WeightsFinishRequest,
     WeightsUpdateRequest,
 )
-from tx.inference.multimodal import ExpandedInput, expand_input
 from tx.inference.router import Router
 from tx.inference.weight_sync import (
     BroadcastSender,
@@ -71,6 +70,7 @@ from tx.inference.weight_sync import (
     plan_update,
     trainer_facts,
 )
+from tx.multimodal import ExpandedInput, expand_input
 from tx.types import SampleRequest, SampleResult, UserError
 
 logger = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from tx.inference.weight_sync.types import IpcUpdate, TransferInit, TransferUpda
 from tx.types import SampledSequence, SampleRequest, SampleResult, StopReason
 
 if TYPE_CHECKING:
-    from tx.inference.multimodal import ExpandedInput
+    from tx.multimodal import ExpandedInput
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
 
@@ -115,7 +115,7 @@ class GenerateRequest(_Wire):
         cls, request: SampleRequest, adapter: str | None = None, prompt: ExpandedInput | None = None
     ) -> GenerateRequest:
         """The engine request for a domain `SampleRequest`. A prompt with images must come `prompt`-expanded
-        (`tx.inference.multimodal.expand_input`); without it, the prompt must be text only."""
+        (`tx.multimodal.expand_input`); without it, the prompt must be text only."""
         params = request.params
         token_ids = prompt.token_ids if prompt is not None else request.prompt.text_tokens()
         images = [

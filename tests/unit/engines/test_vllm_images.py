@@ -103,7 +103,7 @@ def test_bad_image_requests_are_user_errors(vision, request_, max_images, messag
 
 
 def test_images_are_decoded_under_tx_caps():
-    from tx.inference.multimodal import ImageLimits
+    from tx.multimodal import ImageLimits
 
     decode_images(_request())
     with pytest.raises(UserError, match="image 0: image data is not a readable PNG or JPEG"):

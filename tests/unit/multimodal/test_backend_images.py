@@ -21,7 +21,7 @@ from tx.types import (
 @pytest.fixture(scope="module")
 def backend(vlm_dir):
     from tx.backends.torch.backend import TorchBackend
-    from tx.inference.multimodal import ImageLimits
+    from tx.multimodal import ImageLimits
 
     backend = TorchBackend({"vlm": vlm_dir}, device="cpu", image_limits=ImageLimits(max_pixels=50_000))
     backend.create_model("run", "vlm", LoraConfig(rank=8, seed=0))

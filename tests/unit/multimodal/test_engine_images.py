@@ -10,7 +10,7 @@ from image_helpers import encode
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
 from tx.inference.engines.embedded.engine import EmbeddedEngine
-from tx.inference.multimodal import ImageLimits, vision_processor
+from tx.multimodal import ImageLimits, vision_processor
 from tx.inference.protocol import GenerateRequest, PromptImage
 from tx.types import ImageChunk, ModelInput, TextChunk, UserError
 
@@ -45,7 +45,7 @@ def image_prompt(vlm_dir, prefix: list[int], color, size=(64, 48)) -> tuple[list
 
 
 def greedy_reference(model, vlm_dir, ids: list[int], data: bytes, steps: int):
-    from tx.inference.multimodal import decode_image
+    from tx.multimodal import decode_image
 
     processor = vision_processor(vlm_dir)
     image = decode_image(data, ImageLimits())

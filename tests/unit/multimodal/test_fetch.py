@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tx.inference.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
+from tx.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
 from tx.types import UserError
 
 PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111"]

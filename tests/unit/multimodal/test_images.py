@@ -7,7 +7,7 @@ import io
 import pytest
 from image_helpers import encode
 
-from tx.inference.multimodal import ImageLimits, decode_image, expand_input, vision_processor
+from tx.multimodal import ImageLimits, decode_image, expand_input, vision_processor
 from tx.types import ImageAssetPointer, ImageChunk, ModelInput, TextChunk, UserError
 
 IMAGE_TOKEN = 2005

@@ -27,7 +27,7 @@ from tx.backends.torch.losses import get_loss
 from tx.backends.torch.model import load_causal_lm, read_model_info, resolve_device
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.run import Run
-from tx.inference.multimodal import ImageLimits, vision_processor
+from tx.multimodal import ImageLimits, vision_processor
 from tx.types import (
     AdamParams,
     BaseModelInfo,

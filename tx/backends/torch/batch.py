@@ -5,7 +5,7 @@ shape (N,)). Targets and loss inputs are (B, T, K); `mask` marks the real (datum
 target) entries, and padding holds target 0 and input 0.
 
 Image chunks (vision-language models only) become the model's image placeholder tokens, as many as its image
-processor makes of each image (`tx.inference.multimodal`); `vision` then holds the batch's pixel inputs and
+processor makes of each image (`tx.multimodal`); `vision` then holds the batch's pixel inputs and
 `mm_token_type_ids` (1 at image positions). Image positions are ordinary positions for targets and outputs:
 each gets a logprob like any other.
 """
@@ -19,7 +19,7 @@ import torch
 
 from tx.backends.torch.losses import TARGET_KEY, LossFn
 from tx.backends.torch.model import check_tokens
-from tx.inference.multimodal import ExpandedInput, ImageLimits, VisionProcessor
+from tx.multimodal import ExpandedInput, ImageLimits, VisionProcessor
 from tx.types import BaseModelInfo, Datum, ModelInput, UserError
 
 

@@ -31,8 +31,8 @@ from tx.inference.protocol import (
     WeightsUpdateRequest,
     WeightsUpdateResponse,
 )
-from tx.inference.multimodal import ImageLimits, vision_processor
 from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
+from tx.multimodal import ImageLimits, vision_processor
 from tx.types import NotFoundError, UserError
 
 logger = logging.getLogger(__name__)

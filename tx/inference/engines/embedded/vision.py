@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tx.inference.multimodal import ImageLimits, VisionProcessor, decode_image
+from tx.multimodal import ImageLimits, VisionProcessor, decode_image
 from tx.types import UserError
 
 if TYPE_CHECKING:

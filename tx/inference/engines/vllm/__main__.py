@@ -21,8 +21,8 @@ import time
 
 import uvicorn
 
-from tx.inference.engines.embedded.__main__ import _bind
 from tx.inference.engines.config import write_ready_file
+from tx.inference.engines.embedded.__main__ import _bind
 from tx.inference.engines.vllm import VllmUnavailable, require_vllm
 from tx.inference.engines.vllm.app import create_app
 from tx.inference.engines.vllm.child import VllmChild, private_dirs, sleep_mode_on

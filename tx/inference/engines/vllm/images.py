@@ -94,7 +94,7 @@ def check_images(request: GenerateRequest, vision: VisionModel | None, max_image
 
 def decode_images(request: GenerateRequest, limits: Any = None) -> None:
     """Decode every image under tx's caps (a UserError for bad base64, a corrupt or oversized image)."""
-    from tx.inference.multimodal import ImageLimits, decode_image
+    from tx.multimodal import ImageLimits, decode_image
 
     limits = limits if limits is not None else ImageLimits()
     for index, image in enumerate(request.images):

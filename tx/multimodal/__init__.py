@@ -9,10 +9,10 @@ placeholder tokens and pixel inputs of the model's own processor.
 Heavy libraries (PIL, transformers, torch) are imported only inside the functions that use them.
 """
 
-from tx.inference.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
-from tx.inference.multimodal.images import IMAGE_FORMATS, ImageLimits, decode_image
-from tx.inference.multimodal.inputs import ImageInputs
-from tx.inference.multimodal.prompt import (
+from tx.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
+from tx.multimodal.images import IMAGE_FORMATS, ImageLimits, decode_image
+from tx.multimodal.inputs import ImageInputs
+from tx.multimodal.prompt import (
     ExpandedInput,
     PlacedImage,
     VisionProcessor,

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tx.inference.multimodal.fetch import AssetPolicy, Resolver, fetch_asset, system_resolver
-from tx.inference.multimodal.images import ImageLimits, decode_image
+from tx.multimodal.fetch import AssetPolicy, Resolver, fetch_asset, system_resolver
+from tx.multimodal.images import ImageLimits, decode_image
 from tx.types import Chunk, ImageAssetPointer, ImageChunk, ModelInput, SampleRequest, UserError
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tx.inference.multimodal.images import ImageLimits, decode_image
+from tx.multimodal.images import ImageLimits, decode_image
 from tx.types import ImageAssetPointer, ImageChunk, ModelInput, TextChunk, UserError
 
 if TYPE_CHECKING:
