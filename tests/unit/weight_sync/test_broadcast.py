@@ -83,16 +83,7 @@ def test_repeated_pushes_in_one_group_reuse_buffers():
         for step in range(3):
             weights = mixed_weights(seed=10 + step)
             update = plan_update(weights, bucket_bytes=4 << 10)
-            received = {}
-            thread = threading.Thread(
-                target=lambda: received.update(
-                    (n, t.clone()) for n, t in receiver.receive(update, reuse_buffers=True)
-                )
-            )
-            thread.start()
-            sender.send(weights, update)
-            thread.join(30)
-            assert_same(weights, received)
+            assert_same(weights, _push(sender, receiver, weights, update, reuse_buffers=True))
     finally:
         sender.close()
         receiver.close()
@@ -157,3 +148,64 @@ def _connect_both(sender: BroadcastSender, receiver: BroadcastReceiver) -> None:
     thread.start()
     sender.connect()
     thread.join(30)
+
+
+def _large_and_small_weights() -> list[tuple[str, torch.Tensor]]:
+    """Tensors above and below plan.DIRECT_BYTES: sent straight from memory or packed."""
+    gen = torch.Generator().manual_seed(5)
+    big = torch.randn(600, 1000, generator=gen)  # 2.4 MB
+    return [
+        ("small.0", torch.randn(7, generator=gen).to(torch.bfloat16)),
+        ("big.contiguous", big),
+        ("big.transposed", torch.randn(700, 500, generator=gen).t()),  # not contiguous: packed
+        ("big.bf16", torch.randn(1 << 20, generator=gen).to(torch.bfloat16)),  # exactly 2 MB
+        ("empty", torch.empty(0)),
+        ("small.1", torch.randint(0, 2**30, (5, 3), generator=gen)),
+        ("huge", torch.randn(3 << 20, generator=gen)),  # 12 MB: larger than a bucket, 3 gloo chunks
+        ("mask", torch.rand(9, generator=gen) > 0.5),
+        ("big.int8", torch.randint(-128, 127, (3 << 20,), dtype=torch.int8, generator=gen)),
+    ]
+
+
+@pytest.mark.parametrize("reuse_buffers", [False, True])
+def test_large_tensors_sent_from_their_own_memory_arrive_exactly(reuse_buffers):
+    weights = _large_and_small_weights()
+    update = plan_update(weights, bucket_bytes=4 << 20)
+    assert [len(b.specs) for b in layout_buckets(update.tensors, update.bucket_bytes)] == [3, 3, 1, 2]
+    init = make_init()
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        for _ in range(2):  # the second push reuses the sender's (and with reuse_buffers the receiver's) buffers
+            assert_same(weights, _push(sender, receiver, weights, update, reuse_buffers=reuse_buffers))
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_an_update_of_no_tensors_and_of_only_empty_tensors():
+    init = make_init()
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        empty = [("e", torch.empty(0, 3)), ("f", torch.empty(0, dtype=torch.int64))]
+        tail = [("w", torch.arange(10.0))]  # the group still works after pushes that moved no bytes
+        for weights in ([], empty, tail):
+            assert_same(weights, _push(sender, receiver, weights, plan_update(weights)))
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def _push(sender, receiver, weights, update, reuse_buffers: bool = False) -> dict[str, torch.Tensor]:
+    """Send in this thread while another receives; the received tensors, cloned."""
+    received: dict[str, torch.Tensor] = {}
+
+    def receive() -> None:
+        received.update((n, t.clone()) for n, t in receiver.receive(update, reuse_buffers=reuse_buffers))
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sender.send(weights, update)
+    thread.join(60)
+    return received

@@ -95,3 +95,30 @@ def test_init_validates():
 def test_ipc_without_cuda_is_a_clear_error():
     with pytest.raises(WeightSyncError, match="needs a CUDA GPU"):
         IpcSender()
+
+
+def test_pieces_send_large_tensors_alone_and_pack_small_runs():
+    specs = [
+        TensorSpec(name="a", dtype="float32", shape=[10]),  # 40 bytes
+        TensorSpec(name="b", dtype="float32", shape=[10]),
+        TensorSpec(name="big", dtype="float32", shape=[100]),  # 400 bytes
+        TensorSpec(name="none", dtype="float32", shape=[0]),
+        TensorSpec(name="c", dtype="int8", shape=[3]),
+        TensorSpec(name="big2", dtype="float32", shape=[100]),
+    ]
+    (bucket,) = layout_buckets(specs, bucket_bytes=1 << 20)
+    pieces = bucket.pieces(direct_bytes=400)
+    offsets = bucket.offsets
+    assert [(p.start, p.end, p.spec) for p in pieces] == [
+        (0, offsets[2], None),
+        (offsets[2], offsets[2] + 400, 2),
+        (offsets[3], offsets[5], None),
+        (offsets[5], offsets[5] + 400, 5),
+    ]
+    assert [(p.start, p.end, p.spec) for p in bucket.pieces(direct_bytes=None)] == [(0, bucket.nbytes, None)]
+
+
+def test_a_bucket_of_empty_tensors_has_no_pieces():
+    (bucket,) = layout_buckets([TensorSpec(name="e", dtype="float32", shape=[0, 4])], bucket_bytes=64)
+    assert bucket.nbytes == 0
+    assert bucket.pieces() == [] and bucket.pieces(direct_bytes=None) == []

@@ -13,6 +13,7 @@ Design / who owns what:
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -153,7 +154,7 @@ def _wire_bytes(tensor: torch.Tensor, device: torch.device) -> torch.Tensor | No
     """`tensor`'s bytes as a flat uint8 view when it can go on the wire as it is, else None (pack a copy)."""
     if tensor.device != device or not tensor.is_contiguous():
         return None
-    return tensor.reshape(-1).view(torch.uint8)
+    return tensor.detach().reshape(-1).view(torch.uint8)
 
 
 def _match(named: Sequence[tuple[str, torch.Tensor]], update: TransferUpdate) -> dict[str, torch.Tensor]:
@@ -193,6 +194,9 @@ class _Buffers:
         self._slots = [None, None]
 
 
+_HUGE_PAGE = 2 << 20
+
+
 def _empty_bytes(nbytes: int, device: torch.device) -> torch.Tensor:
     """A flat uint8 buffer; on CPU a large one is its own mapping with transparent huge pages where the kernel
     allows them (madvise), so that receiving into a fresh buffer faults 2 MB pages instead of 4 KB ones
@@ -205,11 +209,18 @@ def _empty_bytes(nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(mapping, dtype=torch.uint8)
 
 
-_HUGE_PAGE = 2 << 20
-
-
 def _pack(buffer: torch.Tensor, bucket: Bucket, tensors: dict[str, torch.Tensor], piece: Piece) -> None:
-    """Copy the tensors that lie in `piece` into their places in the bucket's `buffer`."""
+    """Copy the tensors that lie in `piece` into their places in the bucket's `buffer`.
+
+    On CPU a plain single-threaded memmove: torch's `copy_` splits even a 256 KB copy across its intra-op
+    threads, and on a busy machine each hand-off can wait for a time slice (packing 64 LoRA tensors took
+    ~100 ms instead of ~3 ms here); the other cores are busy with the socket copies anyway.
+    """
     for spec, offset in zip(bucket.specs, bucket.offsets):
         if spec.nbytes and piece.start <= offset < piece.end:
-            view_in(buffer, spec, offset).copy_(tensors[spec.name])
+            source, target = tensors[spec.name], buffer[offset : offset + spec.nbytes]
+            if buffer.device.type == "cpu" and source.device.type == "cpu":
+                source = source.contiguous()
+                ctypes.memmove(target.data_ptr(), source.data_ptr(), spec.nbytes)
+            else:
+                view_in(buffer, spec, offset).copy_(source)
