@@ -8,7 +8,8 @@ behind a fixed few-shot prefix). Each step: sample every env of every group from
 save_weights_for_sampler + create_sampling_client(model_path=...)).
 Checks: exit 0; one metrics row per step; finite loss metrics; `optim/kl_sample_train_v1` ~0 at the first
 step (and at every step, the loop being on-policy), i.e. the sampler's logprobs of the sampled tokens match
-the trainer's for the same weights; the checkpoints it recorded exist on the server.
+the trainer's for the same weights; the checkpoints it recorded exist on the server. It runs against the
+embedded engine and, where vLLM is installed, against `tx serve --engine vllm`.
 
 With a random tiny model every group's reward is constant (no sample is well formed), so the advantages and
 the gradient are zero (grad_norm 0) and the weights do not move: the recipe still runs its full loop, but the
@@ -47,9 +48,21 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> CookbookFixture:
     return CookbookFixture.create(tmp_path_factory.mktemp("cookbook"), models=[DEFAULT_MODEL])
 
 
-@pytest.fixture(scope="module")
-def cookbook_server(fixture: CookbookFixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"))
+ENGINES = ["embedded", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def cookbook_server(request: pytest.FixtureRequest, fixture: CookbookFixture,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """The recipe against each engine: the embedded one, and vLLM (`--engine vllm`) where it is installed."""
+    if request.param == "vllm":
+        from tx.inference.engines.vllm import VllmUnavailable, require_vllm
+
+        try:
+            require_vllm()
+        except VllmUnavailable as exc:
+            pytest.skip(str(exc))
+    srv = start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"), args=["--engine", request.param])
     yield srv
     srv.stop()
 

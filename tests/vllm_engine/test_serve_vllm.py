@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -21,15 +25,43 @@ LOGPROB_ATOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tinker.ServiceClient]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     reason = vllm_missing()
     if reason is not None:
         pytest.skip(reason)
-    server = TxServer(tmp_path_factory.mktemp("tx-vllm"), args=["--engine", "vllm"]).start()
+    srv = TxServer(tmp_path_factory.mktemp("tx-vllm"), args=["--engine", "vllm"]).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: TxServer) -> Iterator[tinker.ServiceClient]:
     c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     yield c
     c.close("success")
-    server.stop()
+
+
+def engine_group(server: TxServer) -> dict:
+    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
+    answer.raise_for_status()
+    (group,) = answer.json()["groups"]
+    return group
+
+
+def sft_datum() -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7, 8]),
+                       loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 4})
+
+
+def test_sft_only_run_starts_no_engine(server: TxServer, client: tinker.ServiceClient) -> None:
+    """Runs first in this module: nothing has sampled yet."""
+    tc = client.create_lora_training_client(BASE, rank=8).result()
+    for _ in range(2):
+        tc.forward_backward([sft_datum()], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    tc.save_state("sft-only").result()
+    group = engine_group(server)
+    assert group["state"] == "absent" and all(e["pid"] is None for e in group["engines"]), group
 
 
 def assert_sampler_matches_trainer(tc: tinker.TrainingClient) -> None:
@@ -48,11 +80,23 @@ def test_sampler_logprobs_match_trainer(client: tinker.ServiceClient) -> None:
     tc = client.create_lora_training_client(BASE, rank=8, seed=1).result()
     assert_sampler_matches_trainer(tc)  # before any training
     for _ in range(2):
-        d = types.Datum(model_input=types.ModelInput.from_ints([5, 6, 7, 8]),
-                        loss_fn_inputs={"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 4})
-        tc.forward_backward([d], "cross_entropy").result()
+        tc.forward_backward([sft_datum()], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     assert_sampler_matches_trainer(tc)
+
+
+def test_killed_vllm_engine_is_restarted_and_the_next_sample_succeeds(server: TxServer,
+                                                                      client: tinker.ServiceClient) -> None:
+    sampler = client.create_sampling_client(base_model=BASE)
+    params = types.SamplingParams(max_tokens=4, temperature=0.0)
+    first = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params).result()
+    (engine,) = engine_group(server)["engines"]
+    os.kill(engine["pid"], signal.SIGKILL)  # tx's vLLM engine process; its watcher ends vLLM's group
+    time.sleep(0.5)
+    second = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, params).result()
+    assert second.sequences[0].tokens == first.sequences[0].tokens
+    (restarted,) = engine_group(server)["engines"]
+    assert restarted["alive"] and restarted["pid"] != engine["pid"]
 
 
 def test_rl_toy_task_with_vllm(client: tinker.ServiceClient) -> None:
