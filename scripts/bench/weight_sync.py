@@ -1,11 +1,13 @@
 """Benchmark the weight transfer: GB/s of sending N MB to one receiver process, against a memcpy.
 
 For each transport that can run here (gloo always; nccl with two GPUs; cuda_ipc with one), the sender lives in
-this process and the receiver in a spawned one. Each size is measured in two receive modes:
+this process and the receiver in a spawned one. Each size is measured in three receive modes:
 - `fresh`: `receive()` as engines call it (a new buffer per bucket; every yielded tensor stays valid, so at the
   end all tensors exist in their final form);
 - `load`: `receive(reuse_buffers=True)` plus a copy of each tensor into a preallocated parameter, as an
-  engine's load does (final form: the parameters).
+  engine's load does (final form: the parameters);
+- `direct`: `receive(reuse_buffers=True, targets=parameters)`: tensors sent as pieces of their own land
+  straight in the preallocated parameters (no copy); the others are copied as in `load`.
 A transfer counts from the start of `send` to the later of the sender's return and the receiver's last byte in
 its final form (time.monotonic is shared by processes on Linux). Each repeat runs, back to back, the memcpy
 baseline, a raw TCP socket ceiling and the transfer, so all see the same machine load; the first repeat warms
@@ -78,7 +80,9 @@ def _receiver(transport: str, init_json: str | None, device: str, jobs: mp.Queue
                 thread.join()
         else:
             mode, update = job[1], TransferUpdate.model_validate_json(job[2])
-            kept = _consume(receiver.receive(update, reuse_buffers=mode == "load"), params, mode)
+            targets = _targets(update, params) if mode == "direct" else None
+            received = receiver.receive(update, reuse_buffers=mode != "fresh", targets=targets)
+            kept = _consume(received, params, mode)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             del kept
@@ -92,12 +96,21 @@ def _recv_into(conn: socket.socket, part: torch.Tensor) -> None:
         got += conn.recv_into(view[got:])
 
 
+def _targets(update: TransferUpdate, params: dict) -> dict[str, torch.Tensor]:
+    """The preallocated parameters of `update`'s tensors (none on the first push)."""
+    found = {spec.name: params.get((spec.name, tuple(spec.shape))) for spec in update.tensors}
+    return {name: tensor for name, tensor in found.items() if tensor is not None}
+
+
 def _consume(received, params: dict, mode: str) -> list:
-    """`fresh`: keep every yielded tensor (all valid at the end); `load`: copy each into its parameter."""
+    """`fresh`: keep every yielded tensor (all valid at the end); `load` and `direct`: copy each into its
+    parameter (unless it landed there already)."""
     kept = []
     for name, tensor in received:
-        if mode == "load":
+        if mode != "fresh":
             key = (name, tuple(tensor.shape))
+            if params.get(key) is tensor:
+                continue
             if key not in params:
                 params[key] = torch.empty_like(tensor)
                 params[key].copy_(tensor)  # the first push faults the parameter in (engines load weights once)
@@ -263,8 +276,9 @@ def main() -> None:
                         help="size of each float32 tensor (default: 0.25 for <= 32 MB pushes, else 16)")
     parser.add_argument("--iters", type=int, default=7, help="timed transfers (after one warm-up)")
     parser.add_argument("--transports", default="gloo,nccl,cuda_ipc")
-    parser.add_argument("--modes", default="fresh,load", help="receive modes: fresh (receive() as engines "
-                        "call it), load (reuse_buffers=True plus a copy into preallocated parameters)")
+    parser.add_argument("--modes", default="fresh,load,direct", help="receive modes: fresh (receive() as "
+                        "engines call it), load (reuse_buffers=True plus a copy into preallocated parameters), "
+                        "direct (received straight into the preallocated parameters)")
     args = parser.parse_args()
     args.mb = [int(mb) for mb in args.mb.split(",")]
     args.modes = args.modes.split(",")

@@ -197,12 +197,41 @@ def test_an_update_of_no_tensors_and_of_only_empty_tensors():
         receiver.close()
 
 
-def _push(sender, receiver, weights, update, reuse_buffers: bool = False) -> dict[str, torch.Tensor]:
-    """Send in this thread while another receives; the received tensors, cloned."""
+def test_large_tensors_land_straight_in_their_targets():
+    """Targets (say, a model's parameters) of tensors sent as pieces of their own are filled in place and
+    yielded as themselves; a target of a packed tensor, or of the wrong shape or dtype, is left alone."""
+    weights = _large_and_small_weights()
+    update = plan_update(weights, bucket_bytes=4 << 20)
+    targets = {name: torch.zeros_like(t).contiguous() for name, t in weights}
+    targets["big.int8"] = torch.zeros(3 << 20, dtype=torch.int16)  # wrong dtype: received into a buffer
+    init = make_init()
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        landed: dict[str, torch.Tensor] = {}
+        received = _push(sender, receiver, weights, update, targets=targets, landed=landed)
+        assert_same(weights, received)
+        straight = {"big.contiguous", "big.transposed", "big.bf16", "huge"}  # the sender packs the transposed one
+        assert {n for n, t in landed.items() if t is targets[n]} == straight
+        for name in straight:
+            assert torch.equal(targets[name], dict(weights)[name])
+        assert not targets["small.0"].any() and not targets["mask"].any()
+        assert not targets["big.int8"].any()
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def _push(sender, receiver, weights, update, reuse_buffers: bool = False, targets=None,
+          landed: dict | None = None) -> dict[str, torch.Tensor]:
+    """Send in this thread while another receives; the received tensors, cloned (`landed`: as yielded)."""
     received: dict[str, torch.Tensor] = {}
 
     def receive() -> None:
-        received.update((n, t.clone()) for n, t in receiver.receive(update, reuse_buffers=reuse_buffers))
+        for name, tensor in receiver.receive(update, reuse_buffers=reuse_buffers, targets=targets):
+            if landed is not None:
+                landed[name] = tensor
+            received[name] = tensor.clone()
 
     thread = threading.Thread(target=receive)
     thread.start()

@@ -16,13 +16,15 @@ from __future__ import annotations
 import ctypes
 import mmap
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from tx.inference.weight_sync.group import TransferGroup
 from tx.inference.weight_sync.plan import DIRECT_BYTES, Bucket, Piece, check_unique, layout_buckets, view_in
 from tx.inference.weight_sync.types import TransferInit, TransferUpdate, WeightSyncError
+
+RECV_AHEAD = 2  # buckets a receiver has posted while it yields the one before (as the sender keeps two)
 
 
 class BroadcastSender:
@@ -87,7 +89,7 @@ class BroadcastReceiver:
         self.device = torch.device(device)
         self._wire_device = self.device if init.backend == "nccl" else torch.device("cpu")
         self._group = TransferGroup(init, rank=rank)
-        self._buffers = _Buffers(self._wire_device)
+        self._buffers = _Buffers(self._wire_device, slots=RECV_AHEAD + 1)
         self._connected = False
 
     def connect(self) -> None:
@@ -96,14 +98,21 @@ class BroadcastReceiver:
         self._connected = True
 
     def receive(
-        self, update: TransferUpdate, reuse_buffers: bool = False
+        self, update: TransferUpdate, reuse_buffers: bool = False,
+        targets: Mapping[str, torch.Tensor] | None = None,
     ) -> Iterator[tuple[str, torch.Tensor]]:
         """Receive bucket by bucket and yield (name, tensor) in `update.tensors` order.
 
-        The next bucket is received while the current one is yielded. By default every bucket lands in a fresh
-        buffer, so the yielded views stay valid (`dict(receive(...))` is fine). With `reuse_buffers=True`
-        (faster: no page faults; for loaders that copy each tensor at once, like `param.copy_`) two buffers
-        alternate and a tensor is overwritten once the tensors of the bucket after the next are received;
+        `targets` (name -> the tensor that will hold it, e.g. a model's parameters): a tensor sent as a piece
+        of its own (gloo: at least `DIRECT_BYTES`) whose target has its dtype and shape and lies contiguous on
+        the wire device is received straight into the target, with no buffer and no copy; it is yielded as
+        the target itself (already loaded). Other tensors arrive in buffers as below.
+
+        The next `RECV_AHEAD` buckets are received while the current one is yielded. By default every bucket
+        lands in a fresh buffer, so the yielded views stay valid (`dict(receive(...))` is fine). With
+        `reuse_buffers=True` (faster: no page faults; for loaders that copy each tensor at once, like
+        `param.copy_`) `RECV_AHEAD + 1` buffers take turns and a tensor is overwritten once the consumer asks
+        for the next bucket's tensors;
         this only applies when `device` is the wire device (cpu for gloo, the GPU for nccl).
         Consume the iterator fully: the sender waits for every bucket; if a consumer stops early, close the
         receiver (the group is unusable after a partial transfer).
@@ -112,25 +121,39 @@ class BroadcastReceiver:
             raise WeightSyncError(f"receiver of group {self.init.group_name!r} is not connected")
         check_unique([spec.name for spec in update.tensors])
         buckets = layout_buckets(update.tensors, update.bucket_bytes)
-        buffers = self._buffers if reuse_buffers else _Buffers(self._wire_device, reuse=False)
-        in_flight = self._start(buffers, buckets, 0)
+        fresh = _Buffers(self._wire_device, reuse=False, slots=RECV_AHEAD + 1)
+        buffers = self._buffers if reuse_buffers else fresh
+        direct = _direct_targets(update, targets or {}, self._wire_device, _direct_bytes(self.init))
+        ahead = min(RECV_AHEAD, len(buckets))
+        in_flight = deque(self._start(buffers, buckets, i, direct) for i in range(ahead))
         for index, bucket in enumerate(buckets):
-            self._group.wait(in_flight)
-            buffer = buffers.get(index % 2, bucket.nbytes)
-            in_flight = self._start(buffers, buckets, index + 1)
-            if self._wire_device != self.device:
+            works, buffer = in_flight.popleft()
+            self._group.wait(works)
+            if index + RECV_AHEAD < len(buckets):
+                in_flight.append(self._start(buffers, buckets, index + RECV_AHEAD, direct))
+            if buffer is None:  # nothing of this bucket travelled in a buffer: only empty tensors use it
+                buffer = torch.empty(0, dtype=torch.uint8, device=self.device)
+            elif self._wire_device != self.device:
                 buffer = buffer.to(self.device)
             for spec, offset in zip(bucket.specs, bucket.offsets):
-                yield spec.name, view_in(buffer, spec, offset)
+                landed = direct.get(spec.name)
+                yield spec.name, landed if landed is not None else view_in(buffer, spec, offset)
 
-    def _start(self, buffers: _Buffers, buckets: list[Bucket], index: int) -> list:
-        if index >= len(buckets):
-            return []
-        buffer = buffers.get(index % 2, buckets[index].nbytes, fresh=True)
-        works: list = []
-        for piece in buckets[index].pieces(_direct_bytes(self.init)):
+    def _start(
+        self, buffers: _Buffers, buckets: list[Bucket], index: int, direct: dict
+    ) -> tuple[list, torch.Tensor | None]:
+        """Post the receives of bucket `index`: its own pieces into their targets, the rest into a buffer
+        (allocated only when some piece needs it); the works and that buffer."""
+        bucket, buffer, works = buckets[index], None, []
+        for piece in bucket.pieces(_direct_bytes(self.init)):
+            target = direct.get(bucket.specs[piece.spec].name) if piece.spec is not None else None
+            if target is not None:
+                works += self._group.start_broadcast(target.detach().reshape(-1).view(torch.uint8))
+                continue
+            if buffer is None:
+                buffer = buffers.get(index % len(buffers), bucket.nbytes, fresh=True)
             works += self._group.start_broadcast(buffer[piece.start : piece.end])
-        return works
+        return works, buffer
 
     def close(self) -> None:
         """Leave the group and free the buffers; idempotent."""
@@ -148,6 +171,23 @@ def _default_device(init: TransferInit) -> torch.device:
 def _direct_bytes(init: TransferInit) -> int | None:
     """Gloo sends large tensors as pieces of their own, from the caller's memory; NCCL whole buckets."""
     return DIRECT_BYTES if init.backend == "gloo" else None
+
+
+def _direct_targets(
+    update: TransferUpdate, targets: Mapping[str, torch.Tensor], device: torch.device,
+    direct_bytes: int | None,
+) -> dict[str, torch.Tensor]:
+    """The targets tensors sent as pieces of their own (`Bucket.pieces`) are received straight into: same
+    dtype and shape, contiguous, on `device`."""
+    direct: dict[str, torch.Tensor] = {}
+    for spec in update.tensors:
+        if direct_bytes is None or spec.nbytes < direct_bytes:
+            continue
+        target = targets.get(spec.name)
+        if (target is not None and target.dtype == spec.torch_dtype and list(target.shape) == spec.shape
+                and target.device == device and target.is_contiguous()):
+            direct[spec.name] = target
+    return direct
 
 
 def _wire_bytes(tensor: torch.Tensor, device: torch.device) -> torch.Tensor | None:
@@ -174,14 +214,18 @@ def _match(named: Sequence[tuple[str, torch.Tensor]], update: TransferUpdate) ->
 
 
 class _Buffers:
-    """Two flat uint8 buffers that alternate (one on the wire, one packed or consumed). With `reuse` they are
-    kept between buckets and transfers: a fresh 64 MB allocation faults its pages in again and halves CPU
-    throughput. Without it, every `get(..., fresh=True)` allocates, so earlier views stay valid."""
+    """Flat uint8 buffers used in turn (the sender: two, one on the wire while the other is packed; the
+    receiver: one per bucket in flight plus the one being consumed). With `reuse` they are kept between
+    buckets and transfers: a fresh 64 MB allocation faults its pages in again and halves CPU throughput.
+    Without it, every `get(..., fresh=True)` allocates, so earlier views stay valid."""
 
-    def __init__(self, device: torch.device, reuse: bool = True) -> None:
+    def __init__(self, device: torch.device, reuse: bool = True, slots: int = 2) -> None:
         self.device = device
         self.reuse = reuse
-        self._slots: list[torch.Tensor | None] = [None, None]
+        self._slots: list[torch.Tensor | None] = [None] * slots
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
     def get(self, slot: int, nbytes: int, fresh: bool = False) -> torch.Tensor:
         buffer = self._slots[slot]
@@ -191,7 +235,7 @@ class _Buffers:
         return buffer[:nbytes]
 
     def clear(self) -> None:
-        self._slots = [None, None]
+        self._slots = [None] * len(self._slots)
 
 
 _HUGE_PAGE = 2 << 20

@@ -15,9 +15,12 @@ Design / who owns what:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+
+import torch
 
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import IpcWeightsUpdateRequest, WeightsUpdateRequest, WeightsUpdateResponse
@@ -61,13 +64,7 @@ class WeightReceiver:
         with self._busy:
             receiver = self._wait_connected()
             start = time.perf_counter()
-            received = receiver.receive(request.transfer)
-            try:
-                num_bytes = self._apply(request, received)
-            except Exception:
-                for _ in received:  # the sender waits for every bucket
-                    pass
-                raise
+            num_bytes = self._receive_and_apply(receiver, request)
             return WeightsUpdateResponse(
                 num_tensors=len(request.transfer.tensors),
                 num_bytes=num_bytes,
@@ -88,9 +85,32 @@ class WeightReceiver:
                 seconds=time.perf_counter() - start,
             )
 
+    def _receive_and_apply(self, receiver: BroadcastReceiver, request: WeightsUpdateRequest) -> int:
+        """Adapters arrive in buffers; base tensors land straight in the parameters (under the weights lock:
+        no forward meanwhile). On a failure the rest is drained: the sender waits for every bucket."""
+        base = request.adapter is None
+        with self.weights.lock if base else contextlib.nullcontext():
+            targets = self._base_targets() if base else None
+            received = receiver.receive(request.transfer, reuse_buffers=base, targets=targets)
+            try:
+                if base:
+                    return self._apply_base(received, targets or self.weights.base_parameters())
+                return self._apply(request, received)
+            except Exception:
+                for _ in received:
+                    pass
+                raise
+
+    def _base_targets(self) -> dict[str, torch.nn.Parameter]:
+        """The parameters base tensors may land in; none while the weights sleep (the apply then fails)."""
+        try:
+            return self.weights.base_parameters()
+        except ConflictError:
+            return {}
+
     def _apply(self, request: WeightsUpdateRequest | IpcWeightsUpdateRequest, received) -> int:
         if request.adapter is None:
-            return self._apply_base(received)
+            return self._apply_base(received, self.weights.base_parameters())
         tensors = dict(received)
         self.weights.load_adapter(request.adapter, request.lora, tensors)
         return sum(t.numel() * t.element_size() for t in tensors.values())
@@ -103,15 +123,16 @@ class WeightReceiver:
             raise ConflictError(f"the weight transfer group is {self.state}: {self._error!r}")
         return self._receiver
 
-    def _apply_base(self, received) -> int:
-        params = self.weights.base_parameters()
+    def _apply_base(self, received, params: dict[str, torch.nn.Parameter]) -> int:
+        """Copy each received base tensor into its parameter (one that landed there already is done)."""
         problems, num_bytes = [], 0
         for name, tensor in received:  # drain fully whatever happens
             param = params.get(name)
             if param is None or tuple(param.shape) != tuple(tensor.shape):
                 problems.append(name)
                 continue
-            self.weights.copy_base(param, tensor)
+            if tensor is not param:
+                self.weights.copy_base(param, tensor)
             num_bytes += tensor.numel() * tensor.element_size()
         if problems:
             raise UserError(f"{len(problems)} base tensors unknown or misshaped, e.g. {problems[:5]}")
