@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from reference_logprobs import token_logprobs
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
 from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
@@ -71,15 +72,6 @@ class LiveEngine:
     def close(self) -> None:
         self.http.close()
         stop_engine(self.process)
-
-
-def token_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
-    """log_softmax of the fp32 logits at each completion token, given everything before it (model on cpu)."""
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
-    return logprobs[positions, torch.tensor(completion)].tolist()
 
 
 def cpu_model(model_dir: Path):

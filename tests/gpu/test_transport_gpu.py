@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_logprobs import token_logprobs
 
-from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
-from tx.inference.launch import EngineProcess
+from tx.inference.launch import LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.types import ModelInput, SampleRequest, SampleResult, SamplingParams
 
@@ -33,38 +32,6 @@ SECRET = "gpu-transport-" + uuid.uuid4().hex
 MODEL = "tiny-qwen3"
 PROMPT = [5, 17, 230, 1000, 44]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
-
-
-class EmbeddedOn:
-    """A launcher of embedded engines as local processes on one given device (`LocalLauncher` says auto)."""
-
-    def __init__(self, work_dir: Path, device: str) -> None:
-        self.secret = SECRET
-        self.work_dir = work_dir
-        self.device = device
-
-    async def start(self, name: str, model_dir: Path) -> EngineProcess:
-        run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
-        run_dir.mkdir(parents=True)
-        (run_dir / "stash").mkdir(mode=0o700)
-        config = EmbeddedEngineConfig(
-            model_dir=model_dir, cluster_secret=SECRET, ready_file=run_dir / "ready.json",
-            stash_dir=run_dir / "stash", device=self.device, max_adapters=4,
-        )
-        with open(run_dir / "engine.log", "ab") as log:
-            process = spawn_engine(config, stdout=log, stderr=log)
-        try:
-            url = await asyncio.to_thread(wait_ready, config, process, 300)
-        except RuntimeError as exc:
-            stop_engine(process)
-            raise RuntimeError(f"{exc}\n{(run_dir / 'engine.log').read_text(errors='replace')[-4000:]}") from exc
-        return EngineProcess(name=name, url=url, process=process)
-
-    async def stop(self, engine: EngineProcess) -> None:
-        await asyncio.to_thread(stop_engine, engine.process)
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +60,6 @@ def adapter(tiny_model_dir, tmp_path_factory):
     model.save_pretrained(str(weights_dir))
     assert (weights_dir / "adapter_model.safetensors").is_file()
     return model.eval(), weights_dir
-
-
-def token_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
-    return logprobs[positions, torch.tensor(completion)].tolist()
 
 
 def request(temperature: float) -> SampleRequest:
@@ -133,7 +92,7 @@ def check_against_reference(reference, with_adapter: dict[float, SampleResult], 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs (one rank per GPU)")
 def test_manager_pushes_over_nccl_into_an_engine_on_a_second_gpu(tiny_model_dir, adapter, tmp_path):
     reference, weights_dir = adapter
-    launcher = EmbeddedOn(tmp_path, device="cuda:1")
+    launcher = LocalLauncher(tmp_path, SECRET, device="cuda:1", max_adapters=4)
     manager = EngineManager({MODEL: tiny_model_dir}, EngineSettings(trainer_device="cuda:0"), launcher)
     engine, with_adapter, base = asyncio.run(publish_and_sample(manager, weights_dir))
     assert engine["transport"]["kind"] == "nccl", engine
@@ -146,7 +105,7 @@ def test_manager_pushes_over_nccl_into_an_engine_on_a_second_gpu(tiny_model_dir,
 
 def test_manager_pushes_over_cuda_ipc_into_an_embedded_engine_on_its_own_gpu(tiny_model_dir, adapter, tmp_path):
     reference, weights_dir = adapter
-    launcher = EmbeddedOn(tmp_path, device="cuda:0")
+    launcher = LocalLauncher(tmp_path, SECRET, device="cuda:0", max_adapters=4)
     manager = EngineManager({MODEL: tiny_model_dir}, EngineSettings(trainer_device="cuda"), launcher)
     engine, with_adapter, base = asyncio.run(publish_and_sample(manager, weights_dir))
     # the trainer's and the engine's UUIDs (read in two processes) are equal, so this is the colocated row

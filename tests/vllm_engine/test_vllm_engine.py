@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from vllm_helpers import SECRET, greedy, token_logprobs
+from reference_logprobs import token_logprobs
+from vllm_helpers import SECRET, greedy
 
 from tx.inference.client import InferenceClient
 from tx.inference.protocol import GenerateRequest

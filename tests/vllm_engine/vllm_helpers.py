@@ -62,15 +62,6 @@ class LiveVllmEngine:
         asyncio.run(self.launcher.stop(self.handle))
 
 
-def token_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
-    """log_softmax of the fp32 logits at each completion token, given everything before it."""
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
-    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
-    return logprobs[positions, torch.tensor(completion)].tolist()
-
-
 def greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:
     """`model.generate` greedy; with `stop_at_eos` the tokens end at (and include) the first EOS."""
     with torch.no_grad():

@@ -60,11 +60,13 @@ class EngineProcess:
 class LocalLauncher:
     """Starts embedded engines as child processes bound to loopback."""
 
-    def __init__(self, work_dir: Path, secret: str, *, host: str = "127.0.0.1",
+    def __init__(self, work_dir: Path, secret: str, *, host: str = "127.0.0.1", device: str = "auto",
                  max_adapters: int = 8, startup_timeout_s: float = 300.0) -> None:
+        """`device`: where every engine runs (auto: the first CUDA GPU if any, else cpu)."""
         self.work_dir = work_dir
         self.secret = secret
         self.host = host
+        self.device = device
         self.max_adapters = max_adapters
         self.startup_timeout_s = startup_timeout_s
 
@@ -75,6 +77,7 @@ class LocalLauncher:
         config = EmbeddedEngineConfig(
             model_dir=model_dir, cluster_secret=self.secret, host=self.host, port=0,
             ready_file=run_dir / "ready.json", stash_dir=run_dir / "stash", max_adapters=self.max_adapters,
+            device=self.device,
         )
         log = open(run_dir / "engine.log", "ab")
         process = spawn_engine(config, stdout=log, stderr=subprocess.STDOUT)

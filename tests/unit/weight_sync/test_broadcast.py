@@ -1,7 +1,9 @@
 """Gloo transfer groups on 127.0.0.1: the sender in this process, receivers in subprocesses."""
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -60,33 +62,21 @@ def test_a_new_group_after_the_first_is_closed(tmp_path, receivers):
 def test_received_views_stay_valid_by_default():
     weights = mixed_weights(seed=4)
     update = plan_update(weights, bucket_bytes=4 << 10)
-    init = make_init()
-    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
-    _connect_both(sender, receiver)
-    try:
+    with _connected_pair(make_init()) as (sender, receiver):
         received = {}
         thread = threading.Thread(target=lambda: received.update(receiver.receive(update)))
         thread.start()
         sender.send(weights, update)
         thread.join(30)
         assert_same(weights, received)
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def test_repeated_pushes_in_one_group_reuse_buffers():
-    init = make_init()
-    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
-    _connect_both(sender, receiver)
-    try:
+    with _connected_pair(make_init()) as (sender, receiver):
         for step in range(3):
             weights = mixed_weights(seed=10 + step)
             update = plan_update(weights, bucket_bytes=4 << 10)
             assert_same(weights, _push(sender, receiver, weights, update, reuse_buffers=True))
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def test_a_missing_receiver_times_out_with_a_clear_error():
@@ -119,18 +109,12 @@ def test_a_receiver_that_dies_fails_the_send(tmp_path, receivers):
 
 
 def test_send_checks_tensors_against_the_update_before_the_wire():
-    init = make_init()
-    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
-    _connect_both(sender, receiver)
-    try:
+    with _connected_pair(make_init()) as (sender, receiver):
         update = plan_update([("w", torch.zeros(2, 2))])
         with pytest.raises(WeightSyncError, match="update says float32"):
             sender.send([("w", torch.zeros(2, 3))], update)
         with pytest.raises(WeightSyncError, match="not given"):
             sender.send([("v", torch.zeros(2, 2))], update)
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def test_unconnected_use_and_bad_ranks_are_errors():
@@ -141,6 +125,18 @@ def test_unconnected_use_and_bad_ranks_are_errors():
         BroadcastReceiver(init, rank=3, device=torch.device("cpu"))
     with pytest.raises(WeightSyncError, match="not connected"):
         BroadcastSender(init).send([], plan_update([]))
+
+
+@contextlib.contextmanager
+def _connected_pair(init) -> Iterator[tuple[BroadcastSender, BroadcastReceiver]]:
+    """A sender and a rank-1 cpu receiver of `init`, connected; both closed afterwards."""
+    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
+    _connect_both(sender, receiver)
+    try:
+        yield sender, receiver
+    finally:
+        sender.close()
+        receiver.close()
 
 
 def _connect_both(sender: BroadcastSender, receiver: BroadcastReceiver) -> None:
@@ -172,29 +168,17 @@ def test_large_tensors_sent_from_their_own_memory_arrive_exactly(reuse_buffers):
     weights = _large_and_small_weights()
     update = plan_update(weights, bucket_bytes=4 << 20)
     assert [len(b.specs) for b in layout_buckets(update.tensors, update.bucket_bytes)] == [3, 3, 1, 2]
-    init = make_init()
-    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
-    _connect_both(sender, receiver)
-    try:
+    with _connected_pair(make_init()) as (sender, receiver):
         for _ in range(2):  # the second push reuses the sender's (and with reuse_buffers the receiver's) buffers
             assert_same(weights, _push(sender, receiver, weights, update, reuse_buffers=reuse_buffers))
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def test_an_update_of_no_tensors_and_of_only_empty_tensors():
-    init = make_init()
-    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
-    _connect_both(sender, receiver)
-    try:
+    with _connected_pair(make_init()) as (sender, receiver):
         empty = [("e", torch.empty(0, 3)), ("f", torch.empty(0, dtype=torch.int64))]
         tail = [("w", torch.arange(10.0))]  # the group still works after pushes that moved no bytes
         for weights in ([], empty, tail):
             assert_same(weights, _push(sender, receiver, weights, plan_update(weights)))
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def test_large_tensors_land_straight_in_their_targets():
@@ -204,10 +188,7 @@ def test_large_tensors_land_straight_in_their_targets():
     update = plan_update(weights, bucket_bytes=4 << 20)
     targets = {name: torch.zeros_like(t).contiguous() for name, t in weights}
     targets["big.int8"] = torch.zeros(3 << 20, dtype=torch.int16)  # wrong dtype: received into a buffer
-    init = make_init()
-    sender, receiver = BroadcastSender(init), BroadcastReceiver(init, rank=1, device=torch.device("cpu"))
-    _connect_both(sender, receiver)
-    try:
+    with _connected_pair(make_init()) as (sender, receiver):
         landed: dict[str, torch.Tensor] = {}
         received = _push(sender, receiver, weights, update, targets=targets, landed=landed)
         assert_same(weights, received)
@@ -217,9 +198,6 @@ def test_large_tensors_land_straight_in_their_targets():
             assert torch.equal(targets[name], dict(weights)[name])
         assert not targets["small.0"].any() and not targets["mask"].any()
         assert not targets["big.int8"].any()
-    finally:
-        sender.close()
-        receiver.close()
 
 
 def _push(sender, receiver, weights, update, reuse_buffers: bool = False, targets=None,

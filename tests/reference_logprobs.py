@@ -1,0 +1,14 @@
+"""The reference every engine's logprobs are checked against: an HF transformers model's own forward."""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    """log_softmax of the fp32 logits at each completion token, given everything before it (model on cpu)."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+    positions = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
+    return logprobs[positions, torch.tensor(completion)].tolist()
