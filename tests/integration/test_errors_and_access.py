@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
 import numpy as np
@@ -24,9 +25,10 @@ def datum(tokens: list[int], **inputs) -> types.Datum:
 
 
 @pytest.fixture(scope="module")
-def tc(server: TxServer) -> tinker.TrainingClient:
+def tc(server: TxServer) -> Iterator[tinker.TrainingClient]:
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    return client.create_lora_training_client(BASE, rank=4).result()
+    yield client.create_lora_training_client(BASE, rank=4).result()
+    client.close("success")
 
 
 def failure_of(future) -> str:
@@ -141,9 +143,16 @@ def _result(server: TxServer, request_id: str) -> httpx.Response:
     )
 
 
-def test_repeated_seq_id_returns_the_original_future(server: TxServer) -> None:
+@pytest.fixture
+def new_model(server: TxServer) -> Iterator[str]:
+    """A fresh model's id; its client is closed after the test (its session, and the model, end with it)."""
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    model_id = client.create_lora_training_client(BASE, rank=4).result().model_id
+    yield client.create_lora_training_client(BASE, rank=4).result().model_id
+    client.close("success")
+
+
+def test_repeated_seq_id_returns_the_original_future(server: TxServer, new_model: str) -> None:
+    model_id = new_model
     first = _submit(server, model_id, 1)
     assert _submit(server, model_id, 1) == first
     response = _result(server, first)
@@ -152,10 +161,9 @@ def test_repeated_seq_id_returns_the_original_future(server: TxServer) -> None:
     assert "loss:sum" in output.metrics
 
 
-def test_a_gap_in_seq_ids_is_skipped_after_the_timeout(server: TxServer) -> None:
+def test_a_gap_in_seq_ids_is_skipped_after_the_timeout(server: TxServer, new_model: str) -> None:
     """The test server waits 3 s for a missing seq_id, then runs the next one; a late arrival fails."""
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    model_id = client.create_lora_training_client(BASE, rank=4).result().model_id
+    model_id = new_model
     started = time.monotonic()
     later = _submit(server, model_id, 2)  # seq 1 never arrives
     response = _result(server, later)

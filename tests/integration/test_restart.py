@@ -33,6 +33,7 @@ def test_state_survives_restart(tmp_path, store_args: list[str]) -> None:
         path = tc.save_state("before-restart").result().path
         loss = tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
         model_id = tc.model_id
+        client.close("success")  # its heartbeats would otherwise fail for the rest of the test run
     finally:
         server.stop()
 
