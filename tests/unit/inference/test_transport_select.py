@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import types
 from collections import OrderedDict
 
 import pytest
@@ -408,11 +409,11 @@ def test_ipc_request_needs_adapter_and_lora_together():
     IpcWeightsUpdateRequest(ipc=update)
 
 
-def test_the_vllm_engine_takes_the_protocols_ipc_request():
-    from tx.inference.engines.vllm.app import ROUTE_WEIGHTS_UPDATE_IPC as VLLM_ROUTE
-    from tx.inference.engines.vllm.server import IpcWeightsUpdateRequest as VllmIpcRequest
+def test_both_engines_serve_the_protocols_ipc_route():
+    from tx.inference.engines.embedded.app import create_app as embedded_app
+    from tx.inference.engines.vllm.app import create_app as vllm_app
 
-    assert VLLM_ROUTE == ROUTE_WEIGHTS_UPDATE_IPC
-    body = IpcWeightsUpdateRequest(ipc=IpcUpdate(buckets=[]), adapter="a", lora=SPEC).model_dump(mode="json")
-    VllmIpcRequest.model_validate(body)
-
+    for create in (embedded_app, vllm_app):
+        engine = types.SimpleNamespace(config=types.SimpleNamespace(cluster_secret="s" * 16))
+        routes = {route.path for route in create(engine).routes}
+        assert ROUTE_WEIGHTS_UPDATE_IPC in routes, create

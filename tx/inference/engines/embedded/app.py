@@ -1,39 +1,26 @@
 """The embedded engine's HTTP face: the routes of `tx.inference.protocol`, nothing else.
 
-Every route except `GET /health` needs the cluster secret. Domain errors map to 4xx in one place:
-UserError -> 400, NotFoundError -> 404, ConflictError -> 409. Blocking operations (pause, sleep, weight
-transfer) are plain `def` routes, so FastAPI runs them in its thread pool.
+Every route except `GET /health` needs the cluster secret; errors follow `engines/http.py`. Blocking
+operations (pause, sleep, weight transfer) are plain `def` routes, so FastAPI runs them in its thread pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import Response
 
 from tx.inference import protocol as p
 from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.inference.engines.http import add_error_handlers, secret_guard
 from tx.inference.weight_sync import TransferInit
-from tx.types import ConflictError, NotFoundError, UserError
-
-_ERROR_STATUS = {UserError: 400, NotFoundError: 404, ConflictError: 409}
 
 
 def create_app(engine: EmbeddedEngine) -> FastAPI:
-    secret = engine.config.cluster_secret.encode()
-
-    def require_secret(
-        value: Annotated[str | None, Header(alias=p.SECRET_HEADER)] = None,
-    ) -> None:
-        if value is None or not hmac.compare_digest(value.encode(), secret):
-            raise HTTPException(status_code=401, detail=f"missing or wrong {p.SECRET_HEADER}")
-
     app = FastAPI(title="tx embedded engine")
-    _add_error_handlers(app)
-    guarded = [Depends(require_secret)]
+    add_error_handlers(app)
+    guarded = secret_guard(engine.config.cluster_secret)
 
     @app.get(p.ROUTE_HEALTH)
     def health() -> p.HealthResponse:
@@ -89,17 +76,3 @@ def create_app(engine: EmbeddedEngine) -> FastAPI:
         return engine.delete_adapter(name)
 
     return app
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    for error, status in _ERROR_STATUS.items():
-
-        async def handler(request: Request, exc: Exception, status: int = status) -> JSONResponse:
-            return JSONResponse(status_code=status, content={"detail": str(exc)})
-
-        app.add_exception_handler(error, handler)
-
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
-
-    app.add_exception_handler(Exception, internal)

@@ -1,37 +1,24 @@
 """The vLLM engine's HTTP face: the routes of `tx.inference.protocol` (plus `POST /weights/update_ipc`).
 
-Every route except `GET /health` needs the cluster secret. Errors map to statuses in one place: UserError
--> 400, NotFoundError -> 404, ConflictError -> 409, an error status from vLLM -> the same status with its
-message as `detail`, anything else -> 500.
+Every route except `GET /health` needs the cluster secret. Errors follow `engines/http.py`; an error status
+from vLLM keeps its status, with its message as `detail`.
 """
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
-
-from fastapi import Depends, FastAPI, Header, HTTPException, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import Response
 
 from tx.inference import protocol as p
-from tx.inference.engines.vllm.server import IpcWeightsUpdateRequest, VllmEngine, VllmError
+from tx.inference.engines.http import add_error_handlers, secret_guard
+from tx.inference.engines.vllm.server import VllmEngine, VllmError
 from tx.inference.weight_sync import TransferInit
-from tx.types import ConflictError, NotFoundError, UserError
-
-ROUTE_WEIGHTS_UPDATE_IPC = "/weights/update_ipc"
-_ERROR_STATUS = {UserError: 400, NotFoundError: 404, ConflictError: 409}
 
 
 def create_app(engine: VllmEngine) -> FastAPI:
-    secret = engine.config.cluster_secret.encode()
-
-    def require_secret(value: Annotated[str | None, Header(alias=p.SECRET_HEADER)] = None) -> None:
-        if value is None or not hmac.compare_digest(value.encode(), secret):
-            raise HTTPException(status_code=401, detail=f"missing or wrong {p.SECRET_HEADER}")
-
     app = FastAPI(title="tx vLLM engine")
-    _add_error_handlers(app)
-    guarded = [Depends(require_secret)]
+    add_error_handlers(app, {VllmError: lambda exc: exc.status})
+    guarded = secret_guard(engine.config.cluster_secret)
 
     @app.get(p.ROUTE_HEALTH)
     async def health() -> p.HealthResponse:
@@ -71,8 +58,8 @@ def create_app(engine: VllmEngine) -> FastAPI:
     async def weights_update(request: p.WeightsUpdateRequest) -> p.WeightsUpdateResponse:
         return await engine.update_weights(request)
 
-    @app.post(ROUTE_WEIGHTS_UPDATE_IPC, dependencies=guarded)
-    async def weights_update_ipc(request: IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
+    @app.post(p.ROUTE_WEIGHTS_UPDATE_IPC, dependencies=guarded)
+    async def weights_update_ipc(request: p.IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
         return await engine.update_weights_ipc(request)
 
     @app.post(p.ROUTE_WEIGHTS_FINISH, dependencies=guarded)
@@ -84,22 +71,3 @@ def create_app(engine: VllmEngine) -> FastAPI:
         return await engine.delete_adapter(name)
 
     return app
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    for error, status in _ERROR_STATUS.items():
-
-        async def handler(request: Request, exc: Exception, status: int = status) -> JSONResponse:
-            return JSONResponse(status_code=status, content={"detail": str(exc)})
-
-        app.add_exception_handler(error, handler)
-
-    async def from_vllm(request: Request, exc: VllmError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"detail": str(exc)})
-
-    app.add_exception_handler(VllmError, from_vllm)
-
-    async def internal(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
-
-    app.add_exception_handler(Exception, internal)

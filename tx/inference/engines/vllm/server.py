@@ -49,19 +49,11 @@ from tx.inference.engines.vllm.translate import (
     wants_prompt_logprobs,
 )
 from tx.inference.stops import cut_at_resumed_stop
-from tx.inference.weight_sync import IpcUpdate, TransferInit, Transport, cuda_device_uuid
+from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
 from tx.types import ConflictError, NotFoundError, UserError
 
 BASE_MODEL_NAME = "tx-base"  # vLLM's name for the base model (requests name an adapter or this)
 CPU_SLEEP_NOTE = "ok (sleep is bookkeeping only: this vLLM build has no sleep mode)"
-
-
-class IpcWeightsUpdateRequest(p._Wire):
-    """`POST /weights/update_ipc` (this engine only, GPU): one colocated push as CUDA IPC handles."""
-
-    ipc: IpcUpdate
-    adapter: str | None = None
-    lora: p.LoraSpec | None = None
 
 
 class VllmEngine:
@@ -228,7 +220,7 @@ class VllmEngine:
             return await self._update_base("tx_update_base", transfer)
         return await self._update_adapter(request.adapter, request.lora, "tx_update_lora", transfer)
 
-    async def update_weights_ipc(self, request: IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
+    async def update_weights_ipc(self, request: p.IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
         ipc = request.ipc.model_dump_json()
         if request.adapter is None:
             return await self._update_base("tx_update_ipc", ipc)
@@ -385,7 +377,6 @@ def _tensor_parallel_size(args: list[str]) -> int:
 __all__ = [
     "BASE_MODEL_NAME",
     "CPU_SLEEP_NOTE",
-    "IpcWeightsUpdateRequest",
     "VllmChild",
     "VllmEngine",
     "VllmError",
