@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from engine_weights import random_adapter
 from reference_logprobs import token_logprobs
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
@@ -84,19 +85,7 @@ def cpu_model(model_dir: Path):
 
 
 def peft_adapter(reference, seed: int):
-    """A PEFT LoRA model on a copy of `reference` with random non-zero weights, and its tensors (cpu)."""
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-
-    config = LoraConfig(r=LORA["r"], lora_alpha=LORA["lora_alpha"], target_modules=TARGETS, lora_dropout=0.0)
-    model = get_peft_model(copy.deepcopy(reference), config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    model.eval()
-    named = [(name, t.detach().contiguous()) for name, t in get_peft_model_state_dict(model).items()]
-    return model, named
+    return random_adapter(reference, seed, r=LORA["r"], lora_alpha=LORA["lora_alpha"], targets=TARGETS)
 
 
 def write_large_model(directory: Path, seed: int = 0) -> int:

@@ -12,18 +12,17 @@ import asyncio
 import copy
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 import torch
+from engine_weights import gloo_sender, push, random_adapter
 from reference_logprobs import token_logprobs
 from vllm_helpers import SECRET, greedy
 
 from tx.inference.client import InferenceClient
 from tx.inference.protocol import GenerateRequest
-from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
 
 pytestmark = pytest.mark.vllm
 
@@ -165,45 +164,11 @@ def test_sleep_holds_requests_until_wake(vllm_engine):
 
 @pytest.fixture(scope="module")
 def sender(vllm_engine):
-    """One gloo transfer group between this process (rank 0) and the engine's worker (rank 1)."""
-    init = TransferInit(
-        backend="gloo",
-        master_address="127.0.0.1",
-        master_port=free_port(),
-        world_size=2,
-        rank_offset=1,
-        group_name=f"vllm-test-{uuid.uuid4().hex}",
-        timeout_s=60,
-    )
-    assert vllm_engine.post("/weights/init", init.model_dump())["weight_transfer"] in ("connecting", "ready")
-    sender = BroadcastSender(init)
-    sender.connect()
-    yield sender
-    sender.close()
-
-
-def push(engine, sender, named, adapter=None, lora=None) -> dict:
-    update = plan_update(named, bucket_bytes=1 << 16)
-    body = {"transfer": update.model_dump(), "adapter": adapter, "lora": lora}
-    with ThreadPoolExecutor(1) as pool:
-        response = pool.submit(engine.post, "/weights/update", body)
-        sender.send(named, update)
-        return response.result(timeout=120)
+    yield from gloo_sender(vllm_engine)
 
 
 def test_lora_adapter_over_gloo_matches_peft(vllm_engine, sender, reference_model):
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-
-    model = get_peft_model(
-        copy.deepcopy(reference_model), LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS)
-    )
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    model.eval()
-    named = [(n, t.detach().contiguous()) for n, t in get_peft_model_state_dict(model).items()]
+    model, named = random_adapter(reference_model, seed=1, r=4, lora_alpha=8, targets=TARGETS)
     assert push(vllm_engine, sender, named, adapter="a1", lora=LORA)["num_tensors"] == len(named)
     assert vllm_engine.health()["weight_transfer"] == "ready"
     vllm_engine.post("/weights/finish", {"version": "v1", "adapter": "a1"})

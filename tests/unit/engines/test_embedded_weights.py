@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import copy
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 import engine_reference as reference
+from engine_weights import gloo_sender, push, random_adapter
 from tx.inference.protocol import ROUTE_WEIGHTS_UPDATE_IPC, IpcWeightsUpdateRequest
-from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+from tx.inference.weight_sync import plan_update
 from tx.inference.weight_sync.types import IpcUpdate
 
 PROMPT = [5, 17, 230, 1000, 44]
@@ -20,40 +20,12 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 @pytest.fixture(scope="module")
 def sender(engine):
-    """One transfer group between this process (rank 0) and the engine (rank 1)."""
-    init = TransferInit(
-        backend="gloo", master_address="127.0.0.1", master_port=free_port(), world_size=2, rank_offset=1,
-        group_name=f"test-{uuid.uuid4().hex}", timeout_s=60,
-    )
-    assert engine.post("/weights/init", init.model_dump())["weight_transfer"] in ("connecting", "ready")
-    sender = BroadcastSender(init)
-    sender.connect()
-    yield sender
-    sender.close()
-
-
-def push(engine, sender, named, adapter=None, lora=None) -> dict:
-    update = plan_update(named, bucket_bytes=1 << 16)
-    body = {"transfer": update.model_dump(), "adapter": adapter, "lora": lora}
-    with ThreadPoolExecutor(1) as pool:
-        response = pool.submit(engine.post, "/weights/update", body)
-        sender.send(named, update)
-        return response.result(timeout=60)
+    yield from gloo_sender(engine)
 
 
 def make_adapter(reference_model, seed: int):
-    """A PEFT LoRA model on a copy of the base with random non-zero B weights, and its state dict."""
-    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0)
-    model = get_peft_model(copy.deepcopy(reference_model), config)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    model.eval()
-    named = [(name, t.detach().contiguous()) for name, t in get_peft_model_state_dict(model).items()]
+    """A random non-zero LoRA adapter: its PEFT model, its tensors and its engine spec."""
+    model, named = random_adapter(reference_model, seed, r=4, lora_alpha=8, targets=TARGETS)
     return model, named, {"r": 4, "lora_alpha": 8, "target_modules": TARGETS}
 
 

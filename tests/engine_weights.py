@@ -1,0 +1,54 @@
+"""Pushing weights into a live engine from a test: a gloo group with the engine, one push, a random adapter.
+
+`engine` is any test handle with `post(path, body) -> dict` (the embedded and vLLM engine helpers).
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+
+
+def gloo_sender(engine, timeout_s: float = 60) -> Iterator[BroadcastSender]:
+    """A transfer group between this process (rank 0) and the engine (rank 1); a generator for fixtures."""
+    init = TransferInit(
+        backend="gloo", master_address="127.0.0.1", master_port=free_port(), world_size=2, rank_offset=1,
+        group_name=f"test-{uuid.uuid4().hex}", timeout_s=timeout_s,
+    )
+    assert engine.post("/weights/init", init.model_dump())["weight_transfer"] in ("connecting", "ready")
+    sender = BroadcastSender(init)
+    sender.connect()
+    yield sender
+    sender.close()
+
+
+def push(engine, sender: BroadcastSender, named, adapter=None, lora=None, timeout_s: float = 120) -> dict:
+    """One `POST /weights/update` answered while `sender` broadcasts `named` (small buckets: many of them)."""
+    update = plan_update(named, bucket_bytes=1 << 16)
+    body = {"transfer": update.model_dump(), "adapter": adapter, "lora": lora}
+    with ThreadPoolExecutor(1) as pool:
+        response = pool.submit(engine.post, "/weights/update", body)
+        sender.send(named, update)
+        return response.result(timeout=timeout_s)
+
+
+def random_adapter(reference, seed: int, r: int, lora_alpha: float, targets: list[str]):
+    """A PEFT LoRA model on a copy of `reference` with random non-zero A and B, and its tensors (cpu)."""
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    config = LoraConfig(r=r, lora_alpha=lora_alpha, target_modules=targets, lora_dropout=0.0)
+    model = get_peft_model(copy.deepcopy(reference), config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    model.eval()
+    named = [(name, t.detach().contiguous()) for name, t in get_peft_model_state_dict(model).items()]
+    return model, named
