@@ -11,13 +11,11 @@ import logging
 import os
 import signal
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from tx.inference.engines.config import read_ready_file
+from tx.inference.engines.process import spawn_engine_process, wait_engine_ready
 from tx.inference.engines.vllm import require_vllm
 from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.launch import EngineHandle, EngineProcess
@@ -27,28 +25,12 @@ logger = logging.getLogger(__name__)
 
 def spawn_vllm_engine(config: VllmEngineConfig, **popen_kwargs) -> subprocess.Popen:
     """Run `python -m tx.inference.engines.vllm` with `config` in its environment, in a new session."""
-    if config.ready_file is None:
-        raise ValueError("spawn_vllm_engine needs config.ready_file to learn the engine's URL")
-    config.ready_file.unlink(missing_ok=True)
-    env = {**os.environ, **popen_kwargs.pop("env", {}), **config.to_env()}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tx.inference.engines.vllm"], env=env, start_new_session=True, **popen_kwargs
-    )
+    return spawn_engine_process("tx.inference.engines.vllm", config, **popen_kwargs)
 
 
 def wait_vllm_ready(config: VllmEngineConfig, process: subprocess.Popen, timeout_s: float) -> str:
     """The engine's URL once it wrote its ready file; RuntimeError if it exits or times out first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        url = read_ready_file(config.ready_file)
-        if url is not None:
-            return url
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"vLLM engine process exited with code {process.returncode} before it was ready"
-            )
-        time.sleep(0.2)
-    raise RuntimeError(f"vLLM engine not ready after {timeout_s:g} s")
+    return wait_engine_ready(config, process, timeout_s, what="vLLM engine", poll_s=0.2)
 
 
 def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> None:
