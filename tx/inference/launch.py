@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.engines.embedded.process import stop_engine
+from tx.inference.engines.process import engine_kind, start_logged
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +80,12 @@ class LocalLauncher:
             ready_file=run_dir / "ready.json", stash_dir=run_dir / "stash", max_adapters=self.max_adapters,
             device=self.device,
         )
-        log = open(run_dir / "engine.log", "ab")
-        process = spawn_engine(config, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
         try:
-            url = await asyncio.to_thread(wait_ready, config, process, self.startup_timeout_s)
+            process, url = await asyncio.to_thread(
+                start_logged, engine_kind("embedded"), config, run_dir / "engine.log", self.startup_timeout_s
+            )
         except RuntimeError as exc:
-            stop_engine(process)
-            tail = (run_dir / "engine.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"engine {name} failed to start: {exc}\n{tail}") from exc
+            raise RuntimeError(f"engine {name} failed to start: {exc}") from exc
         logger.info("engine %s (pid %d) serving %s at %s", name, process.pid, model_dir, url)
         return EngineProcess(name=name, url=url, process=process)
 

@@ -1,5 +1,6 @@
 """An engine as a child process: started in its own session with its config in the environment, and
-awaited until it writes its ready file (every engine kind does both the same way)."""
+awaited until it writes its ready file (every engine kind does both the same way). `engine_kind` names the
+functions of each kind; the local launchers and the Ray actor start engines through `start_logged`."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 from tx.inference.engines.config import EngineProcessConfig, read_ready_file
+
+LOG_TAIL_CHARS = 3000  # of an engine's log, in the error when it fails to start
 
 
 def spawn_engine_process(module: str, config: EngineProcessConfig, **popen_kwargs) -> subprocess.Popen:
@@ -32,3 +38,42 @@ def wait_engine_ready(config: EngineProcessConfig, process: subprocess.Popen, ti
             raise RuntimeError(f"{what} process exited with code {process.returncode} before it was ready")
         time.sleep(poll_s)
     raise RuntimeError(f"{what} not ready after {timeout_s:g} s")
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """How to run one kind of engine as a process: its config class and its process functions."""
+
+    config: type  # an `EngineProcessConfig`
+    spawn: Callable[..., subprocess.Popen]  # (config, **popen_kwargs)
+    wait_ready: Callable[..., str]  # (config, process, timeout_s) -> url
+    stop: Callable[..., None]  # (process, timeout_s)
+
+
+def engine_kind(kind: str) -> EngineKind:
+    """The embedded engine or tx's vLLM engine (imported only when asked for)."""
+    if kind == "embedded":
+        from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+        from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+
+        return EngineKind(EmbeddedEngineConfig, spawn_engine, wait_ready, stop_engine)
+    if kind == "vllm":
+        from tx.inference.engines.vllm.config import VllmEngineConfig
+        from tx.inference.engines.vllm.launch import spawn_vllm_engine, stop_process_group, wait_vllm_ready
+
+        return EngineKind(VllmEngineConfig, spawn_vllm_engine, wait_vllm_ready, stop_process_group)
+    raise ValueError(f"unknown engine kind {kind!r}: embedded or vllm")
+
+
+def start_logged(kind: EngineKind, config: EngineProcessConfig, log_path: Path, timeout_s: float,
+                 **popen_kwargs) -> tuple[subprocess.Popen, str]:
+    """Spawn an engine writing to `log_path` and wait until it serves: (process, url). If it fails first, it
+    is stopped and the RuntimeError carries the log's tail. Blocking: run it in a thread."""
+    with open(log_path, "ab") as log:
+        process = kind.spawn(config, stdout=log, stderr=subprocess.STDOUT, **popen_kwargs)
+    try:
+        return process, kind.wait_ready(config, process, timeout_s)
+    except RuntimeError as exc:
+        kind.stop(process, 10.0)
+        tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        raise RuntimeError(f"{exc}\n{tail}") from exc

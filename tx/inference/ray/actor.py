@@ -21,37 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-LOG_TAIL_CHARS = 2000
-
-
-@dataclass(frozen=True)
-class EngineKind:
-    """How the actor runs one kind of engine: its config class and its process functions."""
-
-    config: type  # an `EngineProcessConfig`
-    spawn: Callable[..., subprocess.Popen]  # (config, **popen_kwargs)
-    wait_ready: Callable[..., str]  # (config, process, timeout_s) -> url
-    stop: Callable[..., None]  # (process, timeout_s)
-
-
-def engine_kind(kind: str) -> EngineKind:
-    if kind == "embedded":
-        from tx.inference.engines.embedded.config import EmbeddedEngineConfig
-        from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
-
-        return EngineKind(EmbeddedEngineConfig, spawn_engine, wait_ready, stop_engine)
-    if kind == "vllm":
-        from tx.inference.engines.vllm.config import VllmEngineConfig
-        from tx.inference.engines.vllm.launch import spawn_vllm_engine, stop_process_group, wait_vllm_ready
-
-        return EngineKind(VllmEngineConfig, spawn_vllm_engine, wait_vllm_ready, stop_process_group)
-    raise ValueError(f"unknown engine kind {kind!r}: embedded or vllm")
+from tx.inference.engines.process import engine_kind, start_logged
 
 
 class EngineActor:
@@ -77,16 +50,13 @@ class EngineActor:
         if "stash_dir" in self.kind.config.model_fields:  # the embedded engine stashes weights on sleep
             engine_fields = {**engine_fields, "stash_dir": stash}
         self.config = self.kind.config(**engine_fields, ready_file=self.run_dir / "ready.json")
-        with open(self.run_dir / "engine.log", "ab") as log:
-            self.process = self.kind.spawn(self.config, stdout=log, stderr=subprocess.STDOUT, cwd=self.run_dir)
+        self.process = None
 
     async def ready(self, timeout_s: float) -> dict:
-        """The engine's URL and pid once it serves; RuntimeError (with its log's tail) if it fails first."""
-        try:
-            url = await asyncio.to_thread(self.kind.wait_ready, self.config, self.process, timeout_s)
-        except RuntimeError as exc:
-            await asyncio.to_thread(self.kind.stop, self.process, 10.0)
-            raise RuntimeError(f"{exc}\n{self.log_tail()}") from exc
+        """Start the engine; its URL and pid once it serves (RuntimeError with its log's tail if it fails)."""
+        self.process, url = await asyncio.to_thread(
+            start_logged, self.kind, self.config, self.run_dir / "engine.log", timeout_s, cwd=self.run_dir
+        )
         return {"url": url, "pid": self.process.pid, "node_ip": self.node_ip, "run_dir": str(self.run_dir),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
@@ -99,6 +69,3 @@ class EngineActor:
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate the engine (SIGTERM, then SIGKILL after `timeout_s`)."""
         await asyncio.to_thread(self.kind.stop, self.process, timeout_s)
-
-    def log_tail(self) -> str:
-        return (self.run_dir / "engine.log").read_text(errors="replace")[-LOG_TAIL_CHARS:]

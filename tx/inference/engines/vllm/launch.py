@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tx.inference.engines.process import spawn_engine_process, wait_engine_ready
+from tx.inference.engines.process import engine_kind, spawn_engine_process, start_logged, wait_engine_ready
 from tx.inference.engines.vllm import require_vllm
 from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.launch import EngineHandle, EngineProcess
@@ -47,11 +47,6 @@ def stop_process_group(process: subprocess.Popen, timeout_s: float = 30.0) -> No
         pass
     if process.poll() is None:
         process.wait(timeout=timeout_s)
-
-
-def _spawn_logged(config: VllmEngineConfig, log_path: Path) -> subprocess.Popen:
-    with open(log_path, "ab") as log:
-        return spawn_vllm_engine(config, stdout=log, stderr=subprocess.STDOUT)
 
 
 class VllmLauncher:
@@ -92,13 +87,12 @@ class VllmLauncher:
         run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
         run_dir.mkdir(parents=True, mode=0o700)
         config = self.config_for(run_dir, model_dir)
-        process = _spawn_logged(config, run_dir / "engine.log")
         try:
-            url = await asyncio.to_thread(wait_vllm_ready, config, process, self.startup_timeout_s + 30)
+            process, url = await asyncio.to_thread(
+                start_logged, engine_kind("vllm"), config, run_dir / "engine.log", self.startup_timeout_s + 30
+            )
         except RuntimeError as exc:
-            await asyncio.to_thread(stop_process_group, process)
-            tail = (run_dir / "engine.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"vLLM engine {name} failed to start: {exc}\n{tail}") from exc
+            raise RuntimeError(f"vLLM engine {name} failed to start: {exc}") from exc
         logger.info("vLLM engine %s (pid %d) serving %s at %s", name, process.pid, model_dir, url)
         return EngineProcess(name=name, url=url, process=process)
 
