@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from tx.inference.weight_sync.transport import local_address_towards
 from tx.inference.weight_sync.types import TransferInit, WeightSyncError
 
 
@@ -140,13 +141,7 @@ def _gloo_device(master_address: str) -> dist.ProcessGroupGloo.Device:
     interface = os.environ.get("GLOO_SOCKET_IFNAME")
     if interface:
         return dist.ProcessGroupGloo.create_device(interface=interface.split(",")[0])
-    return dist.ProcessGroupGloo.create_device(hostname=_local_address_towards(master_address))
-
-
-def _local_address_towards(host: str) -> str:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect((host, 9))  # UDP connect sends nothing; it only picks the route
-            return sock.getsockname()[0]
-        except OSError:
-            return host
+    try:
+        return dist.ProcessGroupGloo.create_device(hostname=local_address_towards(master_address))
+    except OSError:  # no route found: let gloo resolve the master's name itself
+        return dist.ProcessGroupGloo.create_device(hostname=master_address)
