@@ -11,7 +11,8 @@ import pytest
 import torch
 from backend_helpers import TINY_NAME, ce, datum, grads, randomize, sequences
 
-from tx.backends.torch import losses
+from tx.backends import losses
+from tx.backends.torch.ops import TORCH_OPS
 from tx.types import ForwardBackwardInput, LoraConfig
 
 
@@ -36,7 +37,7 @@ def _hand(name: str, logp, q, adv, config) -> tuple[np.ndarray, np.ndarray]:
 def test_cross_entropy_formula():
     logp = torch.tensor([[-1.0, -2.0, -0.5]])
     weights = torch.tensor([[1.0, -0.5, 0.25]])
-    got = losses.cross_entropy(logp, {"weights": weights}, {})
+    got = losses.cross_entropy(TORCH_OPS, logp, {"weights": weights}, {})
     torch.testing.assert_close(got, torch.tensor([[1.0, -1.0, 0.125]]))
 
 
@@ -85,7 +86,7 @@ def test_ppo_clipping_happens_in_the_test_data():
     r = torch.tensor([0.5, 1.0, 1.5])
     adv = torch.tensor([1.0, 1.0, 1.0])
     inputs = {"logprobs": torch.zeros(3), "advantages": adv}
-    got = losses.ppo(torch.log(r), inputs, {"clip_low_threshold": 0.2, "clip_high_threshold": 0.2})
+    got = losses.ppo(TORCH_OPS, torch.log(r), inputs, {"clip_low_threshold": 0.2, "clip_high_threshold": 0.2})
     torch.testing.assert_close(got, torch.tensor([-0.5, -1.0, -1.2]))
 
 

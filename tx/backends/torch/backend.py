@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from tx.backends.base import TrainingBackend
+from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.batch import pack_batch
 from tx.backends.torch.logprobs import target_logprobs
 from tx.backends.torch.lora import AdapterHost
-from tx.backends.torch.losses import get_loss
 from tx.backends.torch.model import load_causal_lm, read_model_info, resolve_device
+from tx.backends.torch.ops import TORCH_OPS
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.run import Run
 from tx.multimodal import ImageLimits, vision_processor
@@ -118,7 +119,7 @@ class TorchBackend(TrainingBackend):
             logits = host.logits(packed.input_ids, packed.attention_mask, packed.vision)
             logp = target_logprobs(logits, packed.targets)
             del logits
-            terms = loss_fn.compute(logp, packed.inputs, config)
+            terms = loss_fn.compute(TORCH_OPS, logp, packed.inputs, config)
             loss = torch.where(packed.mask, terms, 0.0).sum()
         if not batch.forward_only:
             loss.backward()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tx.backends.torch.losses import TARGET_KEY, LossFn
+from tx.backends.losses import TARGET_KEY, LossFn
 from tx.backends.torch.model import check_tokens
 from tx.multimodal import ExpandedInput, ImageLimits, VisionProcessor
 from tx.types import BaseModelInfo, Datum, ModelInput, UserError

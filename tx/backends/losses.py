@@ -8,6 +8,10 @@ trainer's log-probability of the target token, `q` the sampler's (`logprobs` inp
 Inputs are per datum and aligned with the datum's tokens: `target_tokens` is int64 of shape (N,)
 or (N, K) (K candidate targets per position, e.g. for distillation), and every other input has
 the same shape. Padding positions are removed by the caller's mask, never by the formulas.
+
+The formulas are written once for every backend: each takes the backend's `ArrayOps` (exp, minimum,
+clip, stop_gradient of its array library) first, so torch tensors and JAX arrays go through the same
+lines. This module imports neither library.
 """
 
 from __future__ import annotations
@@ -15,14 +19,31 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from typing import Any
+
 import numpy as np
-import torch
 
 from tx.types import UserError
 
 TARGET_KEY = "target_tokens"
-Inputs = dict[str, torch.Tensor]
-Compute = Callable[[torch.Tensor, Inputs, Mapping[str, float]], torch.Tensor]
+Array = Any  # a torch.Tensor, a jax.Array or a numpy array: whatever the backend's ArrayOps work on
+Inputs = Mapping[str, Array]
+
+
+@dataclass(frozen=True)
+class ArrayOps:
+    """The few array functions the loss formulas need, from one array library."""
+
+    exp: Callable[[Array], Array]
+    minimum: Callable[[Array, Array], Array]
+    clip: Callable[[Array, float, float], Array]  # clip(x, low, high)
+    stop_gradient: Callable[[Array], Array]
+
+
+NUMPY_OPS = ArrayOps(exp=np.exp, minimum=np.minimum, clip=np.clip, stop_gradient=lambda x: x)
+"""numpy's: for checking a formula by hand (numpy has no gradients to stop)."""
+
+Compute = Callable[[ArrayOps, Array, Inputs, Mapping[str, float]], Array]
 
 
 @dataclass(frozen=True)
@@ -117,37 +138,37 @@ def _float_input(value: np.ndarray, key: str, shape: tuple[int, ...], index: int
     return array
 
 
-def _ratio(logp: torch.Tensor, inputs: Inputs) -> torch.Tensor:
-    return torch.exp(logp - inputs["logprobs"])
+def _ratio(xp: ArrayOps, logp: Array, inputs: Inputs) -> Array:
+    return xp.exp(logp - inputs["logprobs"])
 
 
-def _clipped(ratio: torch.Tensor, config: Mapping[str, float]) -> torch.Tensor:
-    return ratio.clamp(1.0 - config["clip_low_threshold"], 1.0 + config["clip_high_threshold"])
+def _clipped(xp: ArrayOps, ratio: Array, config: Mapping[str, float]) -> Array:
+    return xp.clip(ratio, 1.0 - config["clip_low_threshold"], 1.0 + config["clip_high_threshold"])
 
 
-def cross_entropy(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+def cross_entropy(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
     """loss = -Σ w·logp, with w = `weights` (1 where absent). Any real weight works, negative too."""
     return -inputs["weights"] * logp
 
 
-def importance_sampling(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+def importance_sampling(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
     """loss = -Σ r·A, r = exp(logp - q): the policy gradient, corrected for off-policy samples."""
-    return -_ratio(logp, inputs) * inputs["advantages"]
+    return -_ratio(xp, logp, inputs) * inputs["advantages"]
 
 
-def ppo(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+def ppo(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
     """loss = -Σ min(r·A, clip(r, 1-low, 1+high)·A), low/high = clip_low/high_threshold (0.2)."""
-    ratio, advantages = _ratio(logp, inputs), inputs["advantages"]
-    return -torch.minimum(ratio * advantages, _clipped(ratio, config) * advantages)
+    ratio, advantages = _ratio(xp, logp, inputs), inputs["advantages"]
+    return -xp.minimum(ratio * advantages, _clipped(xp, ratio, config) * advantages)
 
 
-def cispo(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+def cispo(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
     """loss = -Σ sg(clip(r, 1-low, 1+high))·A·logp: clipped ratios weight a REINFORCE term."""
-    weight = _clipped(_ratio(logp, inputs), config).detach()
+    weight = xp.stop_gradient(_clipped(xp, _ratio(xp, logp, inputs), config))
     return -weight * inputs["advantages"] * logp
 
 
-def dro(logp: torch.Tensor, inputs: Inputs, config: Mapping[str, float]) -> torch.Tensor:
+def dro(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
     """loss = -Σ [A·logp - (beta/2)·(logp - q)²], beta from loss_fn_config (default 0.05).
 
     The quadratic term keeps the policy near the sampler's; beta 0.05 is a mild pull that
