@@ -167,7 +167,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(OverloadedError, overloaded)
 
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        with contextlib.suppress(Exception):  # e.g. no valid key: then no queue may move
+            await training.reject_seq_of_invalid_body(request, exc.body)
         errors = [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()

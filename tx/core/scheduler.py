@@ -9,6 +9,10 @@ submission the client gave up on), the queue waits `gap_timeout_s`, then skips t
 waiting `seq_id` and logs a warning. A request that arrives after its turn was skipped fails with
 a user error saying so; it is never run out of order.
 
+A request refused at submission (bad input, a 4xx) still used up its `seq_id`: the client will
+not send it again. `reject` marks such a `seq_id` done, so the queue moves past it at once
+instead of waiting out the gap timeout.
+
 Unsequenced jobs (model creation, create-from-checkpoint) run in arrival order, before any
 sequenced job that is ready at the same moment.
 """
@@ -40,7 +44,15 @@ class Job:
 class ModelQueue:
     next_seq: int = 1
     pending: dict[int, Job] = field(default_factory=dict)
+    rejected: set[int] = field(default_factory=set)  # seq_ids refused at submission: nothing to run
     blocked_since: float | None = None
+
+    def move_past_rejected(self) -> None:
+        while self.next_seq in self.rejected:
+            self.rejected.discard(self.next_seq)
+            self.next_seq += 1
+        if self.rejected:
+            self.rejected = {s for s in self.rejected if s > self.next_seq}
 
 
 class Scheduler:
@@ -96,10 +108,21 @@ class Scheduler:
                 error = f"seq_id {seq_id} of model {model_id!r} is already queued"
             else:
                 error = None
+                queue.rejected.discard(seq_id)
                 queue.pending[seq_id] = job
                 self._cond.notify_all()
         if error is not None:
             self._futures.fail(job.future, error, ErrorCategory.USER)
+
+    def reject(self, model_id: str, seq_id: int) -> None:
+        """`seq_id` was refused at submission: count it as done (a no-op if it is queued or past)."""
+        with self._cond:
+            queue = self._queues.get(model_id)
+            if queue is None or seq_id < queue.next_seq or seq_id in queue.pending:
+                return
+            queue.rejected.add(seq_id)
+            queue.move_past_rejected()
+            self._cond.notify_all()
 
     def queue_depth(self, model_id: str) -> int:
         with self._cond:
@@ -132,6 +155,7 @@ class Scheduler:
         return None
 
     def _take_ready(self, model_id: str, queue: ModelQueue, now: float) -> Job | None:
+        queue.move_past_rejected()
         if not queue.pending:
             queue.blocked_since = None
             return None

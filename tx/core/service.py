@@ -266,6 +266,14 @@ class TrainingService:
 
         return self._sequenced(owner, model_id, seq_id, "LoadWeights", run)
 
+    def reject_seq(self, owner: str, model_id: str, seq_id: int) -> None:
+        """A sequenced request of `owner` was refused at submission: its seq_id counts as done."""
+        try:
+            self.store.get_run(model_id, owner)
+        except NotFoundError:
+            return  # not the caller's run: it may not move another tenant's queue
+        self.scheduler.reject(model_id, seq_id)
+
     def _sequenced(
         self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
         before: Callable[[], None] | None = None,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
 from tx.api.deps import Caller, Ctx
-from tx.api.wire.codec import decode_forward_backward_request
+from tx.api.wire.codec import forward_backward_input_from_proto, parse_forward_backward_request
 from tx.api.wire.convert import (
     check_optimizer_config,
     lora_config_to_domain,
@@ -26,13 +28,24 @@ from tx.api.wire.schemas import (
 )
 from tx.core.futures import Future
 from tx.models.serve import tokenizer_id_for
-from tx.types import UserError
+from tx.types import ConflictError, NotFoundError, UserError
 
 router = APIRouter(tags=["training"])
 
 
 def _answer(future: Future, model_id: str | None) -> UntypedAPIFuture:
     return UntypedAPIFuture(request_id=future.request_id, model_id=model_id)
+
+
+@contextlib.asynccontextmanager
+async def _uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIterator[None]:
+    """A sequenced request refused at submission still used its seq_id (the SDK never resends it):
+    on a 4xx the model's queue moves past it, so the next call does not wait out the gap timeout."""
+    try:
+        yield
+    except (UserError, NotFoundError, ConflictError):
+        await asyncio.to_thread(ctx.service.reject_seq, owner, model_id, seq_id)
+        raise
 
 
 @router.post("/create_model")
@@ -65,12 +78,16 @@ async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoRes
 @router.post("/forward_backward")
 async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     body = await _read_body(request, ctx.settings.max_request_bytes)
-    model_id, seq_id, batch = await asyncio.to_thread(
-        decode_forward_backward_request, body, request.headers.get("content-encoding"),
+    msg = await asyncio.to_thread(
+        parse_forward_backward_request, body, request.headers.get("content-encoding"),
         zstd_enabled=ctx.settings.proto_compress_fwdbwd,
     )
-    future = await asyncio.to_thread(ctx.service.forward_backward, caller.owner, model_id, seq_id, batch)
-    return _answer(future, model_id)
+    async with _uses_seq(ctx, caller.owner, msg.model_id, msg.seq_id):
+        batch = await asyncio.to_thread(forward_backward_input_from_proto, msg)
+        future = await asyncio.to_thread(
+            ctx.service.forward_backward, caller.owner, msg.model_id, msg.seq_id, batch
+        )
+    return _answer(future, msg.model_id)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -90,21 +107,23 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 @router.post("/optim_step")
 async def optim_step(body: OptimStepRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    adam = optim_step_params_to_domain(body)
-    future = await asyncio.to_thread(
-        ctx.service.optim_step, caller.owner, body.model_id, _seq(body.seq_id), adam
-    )
+    seq_id = _seq(body.seq_id)
+    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+        adam = optim_step_params_to_domain(body)
+        future = await asyncio.to_thread(ctx.service.optim_step, caller.owner, body.model_id, seq_id, adam)
     return _answer(future, body.model_id)
 
 
 @router.post("/save_weights")
 async def save_weights(body: SaveWeightsRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    if not body.path:
-        raise UserError("save_weights needs a checkpoint name in 'path'")
-    future = await asyncio.to_thread(
-        ctx.service.save_weights, caller.owner, body.model_id, _seq(body.seq_id), body.path,
-        body.ttl_seconds, body.overwrite, body.user_metadata,
-    )
+    seq_id = _seq(body.seq_id)
+    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+        if not body.path:
+            raise UserError("save_weights needs a checkpoint name in 'path'")
+        future = await asyncio.to_thread(
+            ctx.service.save_weights, caller.owner, body.model_id, seq_id, body.path,
+            body.ttl_seconds, body.overwrite, body.user_metadata,
+        )
     return _answer(future, body.model_id)
 
 
@@ -112,10 +131,12 @@ async def save_weights(body: SaveWeightsRequest, ctx: Ctx, caller: Caller) -> Un
 async def save_weights_for_sampler(
     body: SaveWeightsForSamplerRequest, ctx: Ctx, caller: Caller
 ) -> UntypedAPIFuture:
-    future = await asyncio.to_thread(
-        ctx.service.save_weights_for_sampler, caller.owner, body.model_id, _seq(body.seq_id), body.path,
-        body.sampling_session_seq_id, body.ttl_seconds, body.user_metadata,
-    )
+    seq_id = _seq(body.seq_id)
+    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+        future = await asyncio.to_thread(
+            ctx.service.save_weights_for_sampler, caller.owner, body.model_id, seq_id, body.path,
+            body.sampling_session_seq_id, body.ttl_seconds, body.user_metadata,
+        )
     return _answer(future, body.model_id)
 
 
@@ -129,10 +150,22 @@ async def load_weights(body: LoadWeightsRequest, ctx: Ctx, caller: Caller) -> Un
             body.path, body.optimizer,
         )
         return _answer(future, f"{body.session_id}:train:{body.model_seq_id}")
-    future = await asyncio.to_thread(
-        ctx.service.load_state, caller.owner, body.model_id, _seq(body.seq_id), body.path, body.optimizer
-    )
+    seq_id = _seq(body.seq_id)
+    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+        future = await asyncio.to_thread(
+            ctx.service.load_state, caller.owner, body.model_id, seq_id, body.path, body.optimizer
+        )
     return _answer(future, body.model_id)
+
+
+async def reject_seq_of_invalid_body(request: Request, body: object) -> None:
+    """A sequenced JSON request (it names model_id and seq_id) refused as invalid (422) used its seq_id too."""
+    if not (isinstance(body, dict) and isinstance(body.get("model_id"), str)):
+        return
+    seq_id = body.get("seq_id")
+    if isinstance(seq_id, int) and not isinstance(seq_id, bool) and seq_id >= 1:
+        owner = request.app.state.key_checker(request).owner
+        await asyncio.to_thread(request.app.state.ctx.service.reject_seq, owner, body["model_id"], seq_id)
 
 
 def _seq(seq_id: int | None) -> int:

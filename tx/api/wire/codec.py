@@ -64,6 +64,14 @@ def decode_forward_backward_request(
     body: bytes, content_encoding: str | None, *, zstd_enabled: bool
 ) -> tuple[str, int, ForwardBackwardInput]:
     """Decode a POST /api/v1/forward_backward body into (model_id, seq_id, input)."""
+    msg = parse_forward_backward_request(body, content_encoding, zstd_enabled=zstd_enabled)
+    return msg.model_id, msg.seq_id, forward_backward_input_from_proto(msg)
+
+
+def parse_forward_backward_request(
+    body: bytes, content_encoding: str | None, *, zstd_enabled: bool
+) -> pb.ForwardBackwardRequest:
+    """The request message, its model_id and seq_id checked; its data not yet decoded."""
     raw = decode_content_encoding(body, content_encoding, zstd_enabled=zstd_enabled)
     msg = pb.ForwardBackwardRequest()
     try:
@@ -74,18 +82,21 @@ def decode_forward_backward_request(
         raise UserError("forward_backward request has no model_id")
     if msg.seq_id < 1:
         raise UserError(f"forward_backward seq_id must be >= 1, got {msg.seq_id}")
+    return msg
+
+
+def forward_backward_input_from_proto(msg: pb.ForwardBackwardRequest) -> ForwardBackwardInput:
     if not msg.loss_fn:
         raise UserError("forward_backward request has no loss_fn")
     if not msg.data:
         raise UserError("forward_backward request has no data: send at least one datum")
     data = [_datum_from_proto(datum, index) for index, datum in enumerate(msg.data)]
-    fb_input = ForwardBackwardInput(
+    return ForwardBackwardInput(
         data=data,
         loss_fn=msg.loss_fn,
         loss_fn_config=_loss_fn_config_from_proto(msg),
         forward_only=msg.forward_only,
     )
-    return msg.model_id, msg.seq_id, fb_input
 
 
 def decode_content_encoding(body: bytes, content_encoding: str | None, *, zstd_enabled: bool) -> bytes:
