@@ -66,6 +66,12 @@ class FutureRegistry:
                 self._by_key[key] = future.request_id
             return future, True
 
+    def find(self, key: Hashable) -> Future | None:
+        """The future created under `key`, if it is still held."""
+        with self._lock:
+            request_id = self._by_key.get(key)
+            return None if request_id is None else self._futures.get(request_id)
+
     def resolve(self, future: Future, result: Any) -> None:
         self._finish(future, result, None)
 

@@ -31,12 +31,13 @@ class SamplingService:
         """Submit a sample; returns its future and one sequence id per requested sample."""
         sampler = await asyncio.to_thread(self.store.get_sampling_session, sampling_session_id, owner)
         sequence_ids = [f"{sampling_session_id}:{seq_id}:{i}" for i in range(request.num_samples)]
-        future, created = self.futures.create(owner, "Sample", ("sample", sampling_session_id, seq_id))
-        if not created:
-            return future, sequence_ids
-        if self.manager.in_flight >= self.max_queue:
-            self.futures.fail(future, "sampling queue is full", ErrorCategory.SERVER)
+        key = ("sample", sampling_session_id, seq_id)
+        existing = self.futures.find(key)  # a resubmission answers with the original future
+        if existing is not None:
+            return existing, sequence_ids
+        if self.manager.in_flight >= self.max_queue:  # refused before any future exists: a retry can succeed
             raise OverloadedError(f"{self.manager.in_flight} samples are queued; retry shortly")
+        future, _ = self.futures.create(owner, "Sample", key)
         weights_dir = Path(sampler.weights_dir) if sampler.weights_dir else None
         task = asyncio.create_task(
             self._run(future, sampler.base_model, weights_dir, f"{sampling_session_id}:{seq_id}", request)
