@@ -89,10 +89,23 @@ class ModelInput:
         return [t for c in self.chunks for t in c.tokens]  # type: ignore[union-attr]
 
 
+@dataclass(frozen=True)
+class ProvenanceSpan:
+    """A run of `length` positions that came from sequence `sequence_id` (its sampled tokens when
+    `sampled`, else its prompt), starting at `offset` in that part."""
+
+    sequence_id: str
+    offset: int
+    length: int
+    sampled: bool
+
+
 @dataclass
 class Datum:
     model_input: ModelInput
     loss_fn_inputs: dict[str, np.ndarray]
+    # runs tiling the rows of loss_fn_inputs["target_tokens"], in order; empty when none were sent
+    loss_fn_input_spans: tuple[ProvenanceSpan, ...] = ()
 
 
 @dataclass(frozen=True)

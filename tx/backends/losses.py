@@ -7,7 +7,11 @@ trainer's log-probability of the target token, `q` the sampler's (`logprobs` inp
 
 Inputs are per datum and aligned with the datum's tokens: `target_tokens` is int64 of shape (N,)
 or (N, K) (K candidate targets per position, e.g. for distillation), and every other input has
-the same shape. Padding positions are removed by the caller's mask, never by the formulas.
+the same shape. Padding positions are removed by the caller's mask, never by the formulas, and
+hold 0 in every input.
+
+gspo is sequence-level: it averages log-ratios over each datum's tokens. The batch holds one datum
+per row (axis 0), and `_datum_mean` is the one place that relies on it.
 
 The formulas are written once for every backend: each takes the backend's `ArrayOps` (exp, minimum,
 clip, stop_gradient of its array library) first, so torch tensors and JAX arrays go through the same
@@ -23,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from tx.types import UserError
+from tx.types import ProvenanceSpan, UserError
 
 TARGET_KEY = "target_tokens"
+SAMPLED_KEY = "_sampled"  # derived, not sent: 1 at target rows a SampledProvenanceSpan covers
 Array = Any  # a torch.Tensor, a jax.Array or a numpy array: whatever the backend's ArrayOps work on
 Inputs = Mapping[str, Array]
 
@@ -55,6 +60,7 @@ class LossFn:
     required: tuple[str, ...] = ()
     defaults: Mapping[str, float] = field(default_factory=dict)  # optional input -> fill value
     config: Mapping[str, float] = field(default_factory=dict)  # config key -> default
+    needs_provenance: bool = False  # derive SAMPLED_KEY from the datum's loss_fn_input_spans
 
     @property
     def float_inputs(self) -> tuple[str, ...]:
@@ -77,11 +83,16 @@ class LossFn:
         return resolved
 
     def validate_datum(
-        self, inputs: Mapping[str, np.ndarray], num_tokens: int, index: int
+        self,
+        inputs: Mapping[str, np.ndarray],
+        num_tokens: int,
+        index: int,
+        spans: tuple[ProvenanceSpan, ...] = (),
     ) -> dict[str, np.ndarray]:
         """Datum `index`'s inputs as int64 targets and float32 arrays of the targets' shape.
 
         Optional inputs that are absent get their default; keys this loss does not use are ignored.
+        `spans` is the datum's target-row provenance (only losses with `needs_provenance` read it).
         """
         targets = _target_tokens(inputs, num_tokens, index)
         arrays = {TARGET_KEY: targets}
@@ -93,7 +104,34 @@ class LossFn:
                 arrays[key] = _float_input(inputs[key], key, targets.shape, index)
             else:
                 arrays[key] = np.full(targets.shape, self.defaults[key], dtype=np.float32)
+        if self.needs_provenance:
+            arrays[SAMPLED_KEY] = _sampled_rows(self.name, spans, targets.shape, index)
+            _check_advantages_sampled(arrays, index)
         return arrays
+
+
+def _sampled_rows(loss: str, spans: tuple[ProvenanceSpan, ...], shape: tuple[int, ...], index: int) -> np.ndarray:
+    """1.0 at the target rows that sampled spans cover, 0.0 at prompt rows, in the targets' shape."""
+    if not spans:
+        raise UserError(
+            f"datum {index}: {loss} needs provenance: attach loss_fn_input_spans with "
+            "Datum.with_provenance, naming the sampled sequence behind each target row"
+        )
+    covered = sum(span.length for span in spans)
+    if covered != shape[0]:
+        raise UserError(f"datum {index}: loss_fn_input_spans cover {covered} rows, but target_tokens has {shape[0]}")
+    rows = np.concatenate([np.full(span.length, float(span.sampled), np.float32) for span in spans])
+    return np.broadcast_to(rows.reshape(-1, *([1] * (len(shape) - 1))), shape).astype(np.float32)
+
+
+def _check_advantages_sampled(arrays: Mapping[str, np.ndarray], index: int) -> None:
+    stray = (arrays["advantages"] != 0) & (arrays[SAMPLED_KEY] == 0)
+    if stray.any():
+        row = int(np.argwhere(stray)[0][0])
+        raise UserError(
+            f"datum {index}: 'advantages' must be 0 off sampled tokens, but row {row} "
+            "(a prompt row by its provenance) holds a nonzero advantage"
+        )
 
 
 def _check_config(config: Mapping[str, float]) -> None:
@@ -103,8 +141,9 @@ def _check_config(config: Mapping[str, float]) -> None:
     if config.get("clip_low_threshold", 0.0) > 1:
         low = config["clip_low_threshold"]
         raise UserError(f"loss_fn_config['clip_low_threshold'] must be <= 1, got {low}")
-    if "beta" in config and not config["beta"] >= 0:
-        raise UserError(f"loss_fn_config['beta'] must be >= 0, got {config['beta']}")
+    for key in ("beta", "kl_coeff"):
+        if key in config and not config[key] >= 0:
+            raise UserError(f"loss_fn_config[{key!r}] must be >= 0, got {config[key]}")
 
 
 def _target_tokens(inputs: Mapping[str, np.ndarray], num_tokens: int, index: int) -> np.ndarray:
@@ -177,6 +216,38 @@ def dro(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) 
     return -(inputs["advantages"] * logp - 0.5 * config["beta"] * (logp - inputs["logprobs"]) ** 2)
 
 
+def _datum_mean(xp: ArrayOps, values: Array, mask: Array) -> Array:
+    """Σ mask·values / Σ mask over each datum's positions, shape (B, 1, 1); 0 where the mask is empty."""
+    total = (values * mask).sum(axis=(1, 2), keepdims=True)
+    return total / xp.clip(mask.sum(axis=(1, 2), keepdims=True), 1.0, float("inf"))
+
+
+def gspo(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
+    """loss = -Σ min(s_t·A, clip(s_t, 1-low, 1+high)·A): PPO on one ratio per sequence (GSPO-token).
+
+    s = exp(mean over M of (logp - q)), M the tokens where `sequence_ratio_mask` != 0; every token
+    takes s's value with its own logp's gradient: s_t = sg(s)·exp(logp - sg(logp)). Thresholds as
+    in ppo (0.2): a whole sequence is kept or clipped by how far its geometric-mean ratio moved.
+    """
+    in_ratio = (inputs["sequence_ratio_mask"] != 0) * 1.0
+    log_ratio = _datum_mean(xp, xp.stop_gradient(logp) - inputs["logprobs"], in_ratio)
+    ratio, advantages = xp.exp(log_ratio + logp - xp.stop_gradient(logp)), inputs["advantages"]
+    return -xp.minimum(ratio * advantages, _clipped(xp, ratio, config) * advantages)
+
+
+def stable_reinforce(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
+    """loss = -Σ sg(min(r, 1))·A·logp + kl_coeff·Σ_S (r - 1 - log r), S the sampled tokens.
+
+    A REINFORCE term whose importance weight is truncated at 1, so stale or mismatched samples
+    (r >> 1) never amplify a step, plus a k3 estimate of KL(q || p) on the sampled tokens (by the
+    datum's provenance spans) that pulls the policy back toward the sampler; kl_coeff default 0.
+    """
+    log_ratio = logp - inputs["logprobs"]
+    weight = xp.stop_gradient(xp.clip(xp.exp(log_ratio), 0.0, 1.0))
+    kl = xp.exp(log_ratio) - 1.0 - log_ratio
+    return -weight * inputs["advantages"] * logp + config["kl_coeff"] * inputs[SAMPLED_KEY] * kl
+
+
 _CLIP = {"clip_low_threshold": 0.2, "clip_high_threshold": 0.2}
 _RL_INPUTS = ("logprobs", "advantages")
 
@@ -188,6 +259,11 @@ LOSSES: dict[str, LossFn] = {
         LossFn("ppo", ppo, required=_RL_INPUTS, config=_CLIP),
         LossFn("cispo", cispo, required=_RL_INPUTS, config=_CLIP),
         LossFn("dro", dro, required=_RL_INPUTS, config={"beta": 0.05}),
+        LossFn("gspo", gspo, required=(*_RL_INPUTS, "sequence_ratio_mask"), config=_CLIP),
+        LossFn(
+            "stable_reinforce", stable_reinforce, required=_RL_INPUTS, config={"kl_coeff": 0.0},
+            needs_provenance=True,
+        ),
     )
 }
 

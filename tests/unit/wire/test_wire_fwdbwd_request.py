@@ -11,7 +11,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 
 from tx.api.wire import tinker_public_pb2 as pb
 from tx.api.wire.codec import decode_forward_backward_request
-from tx.types import ImageChunk, TextChunk, UserError
+from tx.types import ImageChunk, ProvenanceSpan, TextChunk, UserError
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
 
@@ -275,3 +275,19 @@ def test_bad_chunks():
     )
     _bad(body_with(lambda d: d.model_input.add().image.CopyFrom(pb.ImageChunk(format="png"))), "no data")
     _bad(body_with(lambda d: d.loss_fn_inputs["weights"].dense), "datum 1: model_input is empty")
+
+
+def test_loss_fn_input_spans_decode_in_order():
+    datum = text_datum([5, 6, 7, 8], target_tokens=[6, 7, 8, 9], advantages=[0.0, 0.0, 1.0, 1.0]).with_provenance(
+        model_input=[sdk.PromptProvenanceSpan(sequence_id="s:0:1", length=3),
+                     sdk.SampledProvenanceSpan(sequence_id="s:0:1", length=1)],
+        loss_fn_inputs=[sdk.PromptProvenanceSpan(sequence_id="s:0:1", offset=1, length=2),
+                        sdk.SampledProvenanceSpan(sequence_id="s:0:1", length=2)],
+    )
+    (d,) = decode(sdk_body([datum], loss_fn="stable_reinforce"))[2].data
+    assert d.loss_fn_input_spans == (
+        ProvenanceSpan("s:0:1", 1, 2, sampled=False),
+        ProvenanceSpan("s:0:1", 0, 2, sampled=True),
+    )
+    (plain,) = decode(sdk_body([text_datum([5], target_tokens=[6])]))[2].data
+    assert plain.loss_fn_input_spans == ()

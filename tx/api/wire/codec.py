@@ -27,6 +27,7 @@ from tx.types import (
     ForwardBackwardResult,
     ImageChunk,
     ModelInput,
+    ProvenanceSpan,
     SampledSequence,
     SampleResult,
     StopReason,
@@ -141,10 +142,21 @@ def _datum_from_proto(msg: pb.Datum, index: int) -> Datum:
             name: tensor_from_proto(tensor, f"loss_fn_inputs[{name!r}]")
             for name, tensor in msg.loss_fn_inputs.items()
         }
+        spans = tuple(_span_from_proto(span) for span in msg.loss_fn_input_spans)
     except UserError as exc:
         raise UserError(f"datum {index}: {exc}") from exc
-    # Provenance spans (model_input_spans / loss_fn_input_spans) parse but are not used yet.
-    return Datum(model_input=ModelInput(chunks=chunks), loss_fn_inputs=inputs)
+    # model_input_spans parse but are not used: the losses read only the target rows' provenance.
+    return Datum(model_input=ModelInput(chunks=chunks), loss_fn_inputs=inputs, loss_fn_input_spans=spans)
+
+
+def _span_from_proto(msg: pb.ProvenanceSpan) -> ProvenanceSpan:
+    kind = msg.WhichOneof("span")
+    if kind is None:
+        raise UserError("a provenance span is neither prompt_tokens nor sampled_tokens")
+    span = getattr(msg, kind)
+    if span.offset < 0 or span.length < 0:
+        raise UserError(f"provenance span offset and length must be >= 0, got {span.offset}, {span.length}")
+    return ProvenanceSpan(span.sequence_id, int(span.offset), int(span.length), kind == "sampled_tokens")
 
 
 def _chunk_from_proto(msg: pb.Chunk) -> Chunk:

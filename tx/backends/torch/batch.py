@@ -61,7 +61,7 @@ def pack_batch(
     arrays = []
     for index, (datum, seq) in enumerate(zip(data, tokens)):
         check_tokens(seq, info, index)
-        datum_arrays = loss.validate_datum(datum.loss_fn_inputs, len(seq), index)
+        datum_arrays = loss.validate_datum(datum.loss_fn_inputs, len(seq), index, datum.loss_fn_input_spans)
         _check_targets(datum_arrays[TARGET_KEY], info, index)
         arrays.append(datum_arrays)
     lengths = np.array([len(seq) for seq in tokens])
