@@ -185,6 +185,10 @@ class StopReason(str, Enum):
     LENGTH = "length"
 
 
+MAX_SAMPLES_PER_REQUEST = 1024  # `num_samples` of one sample call; every engine accepts this many
+MAX_TOPK_PROMPT_LOGPROBS = 1024
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16

@@ -40,7 +40,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tx.inference.weight_sync.transport import Transport
 from tx.inference.weight_sync.types import IpcUpdate, TransferInit, TransferUpdate
-from tx.types import SampledSequence, SampleRequest, SampleResult, StopReason
+from tx.types import (
+    MAX_SAMPLES_PER_REQUEST,
+    MAX_TOPK_PROMPT_LOGPROBS,
+    SampledSequence,
+    SampleRequest,
+    SampleResult,
+    StopReason,
+)
 
 if TYPE_CHECKING:
     from tx.multimodal import ExpandedInput
@@ -88,7 +95,7 @@ class GenerateRequest(_Wire):
     images: list[PromptImage] = Field(
         default_factory=list, description="the prompt's images, in order; their placeholders are in the ids"
     )
-    n: int = Field(default=1, ge=1, le=1024, description="number of samples")
+    n: int = Field(default=1, ge=1, le=MAX_SAMPLES_PER_REQUEST, description="number of samples")
     max_tokens: int = Field(default=16, ge=0, description="new tokens per sample (0: prompt logprobs only)")
     temperature: float = Field(default=1.0, ge=0.0, description="0 = greedy")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -103,7 +110,7 @@ class GenerateRequest(_Wire):
     )
     prompt_logprobs: bool = Field(default=False, description="logprob of every prompt token given its prefix")
     topk_prompt_logprobs: int = Field(
-        default=0, ge=0, le=1024, description="k most likely tokens per position"
+        default=0, ge=0, le=MAX_TOPK_PROMPT_LOGPROBS, description="k most likely tokens per position"
     )
     prompt_logprobs_last_n: int | None = Field(
         default=None, ge=0, description="only the last n prompt positions; earlier ones are null"

@@ -15,6 +15,8 @@ from tx.api.wire import sample_schemas, schemas
 from tx.api.wire.codec import image_chunk
 from tx.api.wire.tensors import densify_csr, reshape_dense
 from tx.types import (
+    MAX_SAMPLES_PER_REQUEST,
+    MAX_TOPK_PROMPT_LOGPROBS,
     AdamParams,
     Chunk,
     ImageAssetPointer,
@@ -132,13 +134,15 @@ def optim_step_params_to_domain(request: schemas.OptimStepRequest) -> AdamParams
 
 def sample_request_to_domain(request: sample_schemas.SampleRequestJson) -> SampleRequest:
     _reject_unsupported_sampling_features(request)
-    if request.num_samples < 1:
-        raise UserError(f"num_samples must be >= 1, got {request.num_samples}")
-    if request.topk_prompt_logprobs < 0:
-        raise UserError(f"topk_prompt_logprobs must be >= 0, got {request.topk_prompt_logprobs}")
+    if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
+        raise UserError(f"num_samples must be in [1, {MAX_SAMPLES_PER_REQUEST}], got {request.num_samples}")
+    if not 0 <= request.topk_prompt_logprobs <= MAX_TOPK_PROMPT_LOGPROBS:
+        raise UserError(
+            f"topk_prompt_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {request.topk_prompt_logprobs}"
+        )
     prompt = model_input_from_json(request.prompt)
-    if not prompt.chunks:
-        raise UserError("the prompt is empty")
+    if not any(not isinstance(c, TextChunk) or c.tokens for c in prompt.chunks):
+        raise UserError("the prompt is empty: send at least one token")
     last_n = request.prompt_logprobs_last_n
     if last_n is not None:
         _check_prompt_logprobs_last_n(last_n, prompt, bool(request.prompt_logprobs))
