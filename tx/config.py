@@ -56,7 +56,10 @@ class Settings(BaseSettings):
     )
     future_ttl_s: float = Field(3600.0, gt=0, description="How long finished results are kept.")
     proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
-    max_request_bytes: int = Field(200 << 20, gt=0, description="Largest accepted request body.")
+    max_request_bytes: int = Field(
+        200 << 20, gt=0, description="Largest body of forward_backward and asample (batches, images)."
+    )
+    max_json_bytes: int = Field(4 << 20, gt=0, description="Largest body of any other route.")
     engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="Inference engine: the embedded transformers engine, or vLLM (the [vllm] extra)."
     )

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from tx.api.auth import KeyChecker
+from tx.api.limits import BodyLimit
 from tx.api.routes import client, futures, runs, sampling, sessions, training
 from tx.backends import create_backend
 from tx.backends.base import TrainingBackend
@@ -133,6 +134,8 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (client, sessions, training, futures, runs, sampling):
         app.include_router(module.router, prefix="/api/v1")
     _install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
+                       max_request_bytes=settings.max_request_bytes)
     return app
 
 
@@ -153,7 +156,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     def handler(status: int):
         async def handle(_: Request, exc: Exception) -> JSONResponse:
-            return JSONResponse({"detail": str(exc)}, status_code=status)
+            return JSONResponse({"detail": _text(str(exc))}, status_code=status)
 
         return handle
 
@@ -171,12 +174,18 @@ def _install_error_handlers(app: FastAPI) -> None:
         with contextlib.suppress(Exception):  # e.g. no valid key: then no queue may move
             await training.reject_seq_of_invalid_body(request, exc.body)
         errors = [
-            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+            {"loc": [_text(x) if isinstance(x, str) else x for x in e.get("loc", ())],
+             "msg": _text(e.get("msg", "")), "type": e.get("type", "")}
             for e in exc.errors()
         ]
         return JSONResponse({"detail": errors}, status_code=422)
 
     app.add_exception_handler(RequestValidationError, invalid)
+
+
+def _text(message: str) -> str:
+    """A message safe to encode: user text it quotes may hold a lone surrogate."""
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _redact(url: str) -> str:

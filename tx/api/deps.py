@@ -20,5 +20,7 @@ def get_principal(request: Request) -> Principal:
     return request.app.state.key_checker(request)
 
 
+MAX_OFFSET = 2**53  # list offsets above this are refused (a 64-bit store integer overflows near 2**63)
+
 Ctx = Annotated["Context", Depends(get_ctx)]
 Caller = Annotated[Principal, Depends(get_principal)]

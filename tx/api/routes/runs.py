@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from tx.api.deps import Caller, Ctx
+from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.wire.rest_schemas import (
     Checkpoint,
     CheckpointsListResponse,
@@ -26,7 +26,8 @@ router = APIRouter(tags=["runs"])
 
 @router.get("/training_runs")
 async def list_runs(
-    ctx: Ctx, caller: Caller, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)
+    ctx: Ctx, caller: Caller, limit: int = Query(20, ge=1, le=1000),
+    offset: int = Query(0, ge=0, le=MAX_OFFSET),
 ) -> TrainingRunsResponse:
     rows, total = await asyncio.to_thread(ctx.store.list_runs, caller.owner, limit, offset)
     runs = await asyncio.to_thread(_runs, ctx, rows)
@@ -108,4 +109,9 @@ def _utc(value: datetime) -> datetime:
 
 
 def _str_values(metadata: dict[str, Any] | None) -> dict[str, str] | None:
-    return None if metadata is None else {str(k): str(v) for k, v in metadata.items()}
+    """Metadata as text; anything not encodable (stored before requests were checked) is escaped."""
+    return None if metadata is None else {_text(k): _text(v) for k, v in metadata.items()}
+
+
+def _text(value: Any) -> str:
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
-from tx.api.deps import Caller, Ctx
+from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.wire.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -39,6 +39,8 @@ async def finish(session_id: str, body: SessionFinishRequest, ctx: Ctx, caller: 
 
 
 @router.get("/sessions")
-async def list_sessions(ctx: Ctx, caller: Caller, limit: int = 20, offset: int = 0) -> dict:
-    ids = await asyncio.to_thread(ctx.store.list_sessions, caller.owner, min(limit, 1000), offset)
+async def list_sessions(
+    ctx: Ctx, caller: Caller, limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0, le=MAX_OFFSET)
+) -> dict:
+    ids = await asyncio.to_thread(ctx.store.list_sessions, caller.owner, limit, offset)
     return {"sessions": ids}

@@ -77,7 +77,7 @@ async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoRes
 
 @router.post("/forward_backward")
 async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    body = await _read_body(request, ctx.settings.max_request_bytes)
+    body = await _read_body(request)
     msg = await asyncio.to_thread(
         parse_forward_backward_request, body, request.headers.get("content-encoding"),
         zstd_enabled=ctx.settings.proto_compress_fwdbwd,
@@ -90,19 +90,14 @@ async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> Untype
     return _answer(future, msg.model_id)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request) -> bytes:
+    """The protobuf body (its size is capped by `tx.api.limits.BodyLimit`)."""
     content_type = request.headers.get("content-type", "")
     if "application/x-protobuf" not in content_type:
         raise UserError(
             f"forward_backward takes a protobuf body (Content-Type: application/x-protobuf), got {content_type!r}"
         )
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise UserError(f"request body of {declared} bytes is over the {limit}-byte limit")
-    body = await request.body()
-    if len(body) > limit:
-        raise UserError(f"request body of {len(body)} bytes is over the {limit}-byte limit")
-    return body
+    return await request.body()
 
 
 @router.post("/optim_step")

@@ -8,13 +8,16 @@ The REST listing bodies (rows 27-31) live in `tx/api/wire/rest_schemas.py`.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -23,9 +26,49 @@ from tx.types import ErrorCategory
 
 
 class WireRequest(BaseModel):
-    """A request body: unknown keys are ignored, `model_*` field names are allowed."""
+    """A request body: unknown keys are ignored, `model_*` field names are allowed. Every text in it
+    must be valid Unicode: JSON may carry a lone UTF-16 surrogate ("\\ud800"), which no store or
+    response can encode, so it is refused here (422) for every field, nested ones included."""
 
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        _check_text(value)
+        return value
+
+
+def _check_text(value: Any) -> None:
+    """Raise ValueError if any str in `value` (dict keys too) is not encodable (a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text must be valid Unicode: it holds a lone UTF-16 surrogate") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            _check_text(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, (str, dict, list, tuple)):
+                _check_text(item)
+
+
+MAX_METADATA_BYTES = 64 << 10
+MAX_TAGS, MAX_TAG_CHARS = 64, 256
+
+
+def _small_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None and len(json.dumps(value)) > MAX_METADATA_BYTES:
+        raise ValueError(f"user_metadata is larger than {MAX_METADATA_BYTES} bytes as JSON")
+    return value
+
+
+UserMetadata = Annotated[dict[str, Any] | None, AfterValidator(_small_metadata)]
+StrMetadata = Annotated[dict[str, str] | None, AfterValidator(_small_metadata)]
+Tags = Annotated[list[Annotated[str, Field(max_length=MAX_TAG_CHARS)]], Field(max_length=MAX_TAGS)]
 
 
 class WireResponse(BaseModel):
@@ -75,8 +118,8 @@ class AuthTokenResponse(WireResponse):
 
 
 class CreateSessionRequest(WireRequest):
-    tags: list[str] = Field(default_factory=list)
-    user_metadata: dict[str, Any] | None = None
+    tags: Tags = Field(default_factory=list)
+    user_metadata: UserMetadata = None
     sdk_version: str | None = None
     project_id: str | None = None
     display_name: str | None = None
@@ -147,10 +190,10 @@ class LoraConfig(WireRequest):
     train_attn: bool = True
 
 
-class OptimizerConfig(BaseModel):
+class OptimizerConfig(WireRequest):
     """`{"type":"adamw"}` or `{"type":"dimuon","version":1}`; fixed for a model's life."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     type: str = "adamw"
     version: int | None = None
@@ -173,10 +216,10 @@ class AdamParams(WireRequest):
     grad_clip_norm: float = 0.0
 
 
-class OptimizerParams(BaseModel):
+class OptimizerParams(WireRequest):
     """Non-Adam step parameters (the SDK's DimuonParams); tx rejects them."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
 
     type: str
     learning_rate: float | None = None
@@ -188,7 +231,7 @@ class CreateModelRequest(WireRequest):
     session_id: str
     model_seq_id: int
     base_model: str
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: UserMetadata = None
     lora_config: LoraConfig | None = None
     optimizer_config: OptimizerConfig = Field(default_factory=OptimizerConfig)
     type: Literal["create_model"] = "create_model"
@@ -241,7 +284,7 @@ class SaveWeightsRequest(WireRequest):
     seq_id: int | None = None
     ttl_seconds: int | None = None
     overwrite: bool = False
-    user_metadata: dict[str, str] | None = None
+    user_metadata: StrMetadata = None
     type: Literal["save_weights"] = "save_weights"
 
 
@@ -254,7 +297,7 @@ class SaveWeightsForSamplerRequest(WireRequest):
     kind: Literal["snapshot", "inflight"] = "snapshot"
     seq_id: int | None = None
     ttl_seconds: int | None = None
-    user_metadata: dict[str, str] | None = None
+    user_metadata: StrMetadata = None
     type: Literal["save_weights_for_sampler"] = "save_weights_for_sampler"
 
     @model_validator(mode="after")
@@ -286,7 +329,7 @@ class LoadWeightsRequest(WireRequest):
     session_id: str | None = None
     model_seq_id: int | None = None
     base_model: str | None = None
-    user_metadata: dict[str, Any] | None = None
+    user_metadata: UserMetadata = None
     path: str
     optimizer: bool = False
     optimizer_config: OptimizerConfig | None = None
