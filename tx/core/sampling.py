@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
-from tx.multimodal import ImageInputs
+from tx.multimodal import ImageInputs, expand_input
 from tx.store.store import Store
 from tx.types import ConflictError, ErrorCategory, NotFoundError, OverloadedError, SampleRequest, UserError
 
@@ -49,9 +49,14 @@ class SamplingService:
     async def _run(self, future: Future, base_model: str, weights_dir: Path | None, session_key: str,
                    request: SampleRequest) -> None:
         try:
+            prompt = None
             if request.prompt.has_images:  # fetch asset pointers, check caps (blocking I/O: off the loop)
                 request = await asyncio.to_thread(self.images.prepare_request, request)
-            result = await self.manager.sample(base_model, weights_dir, session_key, request)
+                # image chunks -> the processor's placeholder tokens; a bad image fails before engines start
+                prompt = await asyncio.to_thread(
+                    expand_input, self.manager.model_dir(base_model), request.prompt, model_name=base_model
+                )
+            result = await self.manager.sample(base_model, weights_dir, session_key, request, prompt)
         except (UserError, NotFoundError, ConflictError) as exc:
             self.futures.fail(future, str(exc), ErrorCategory.USER)
         except Exception as exc:  # noqa: BLE001 - any other failure is the server's

@@ -15,8 +15,9 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from tx.inference import manager as manager_module
-from tx.inference.manager import EngineManager, EngineSettings, EngineSlot
+from tx.inference import publisher as publisher_module
+from tx.inference.groups import EngineSettings, EngineSlot
+from tx.inference.publisher import Publisher
 from tx.inference.protocol import (
     ROUTE_HEALTH,
     ROUTE_WEIGHTS_INIT,
@@ -272,10 +273,6 @@ class FakeClient:
         pass
 
 
-class FakeLauncher:
-    secret = "fake-secret"
-
-
 class FakeBroadcastSender:
     made: list[FakeBroadcastSender] = []
 
@@ -322,22 +319,21 @@ def run_push(monkeypatch, trainer: TrainerFacts, url: str, health: dict, routes:
     FakeBroadcastSender.made.clear()
     FakeIpcSender.made.clear()
     moved: list[torch.device | None] = []
-    monkeypatch.setattr(manager_module, "trainer_facts", lambda device: trainer)
-    monkeypatch.setattr(manager_module, "BroadcastSender", FakeBroadcastSender)
-    monkeypatch.setattr(manager_module, "IpcSender", FakeIpcSender)
+    monkeypatch.setattr(publisher_module, "trainer_facts", lambda device: trainer)
+    monkeypatch.setattr(publisher_module, "BroadcastSender", FakeBroadcastSender)
+    monkeypatch.setattr(publisher_module, "IpcSender", FakeIpcSender)
     monkeypatch.setattr(transport_module, "local_address_towards", routes or Routes())
-    monkeypatch.setattr(manager_module, "free_port", lambda host="127.0.0.1": 29500)  # ROUTE is not ours
+    monkeypatch.setattr(publisher_module, "free_port", lambda host="127.0.0.1": 29500)  # ROUTE is not ours
 
     def fake_send(sender, named, update, device):
         moved.append(device)  # a cpu-only torch cannot move tensors to cuda: record where they would go
         sender.send(named, update)
 
-    monkeypatch.setattr(manager_module, "_send", fake_send)
-    manager = EngineManager({}, EngineSettings(trainer_device=trainer.device), FakeLauncher())
+    monkeypatch.setattr(publisher_module, "_send", fake_send)
     client = FakeClient(url, health)
-    manager.client = client
+    publisher = Publisher(EngineSettings(trainer_device=trainer.device), client)
     slot = EngineSlot("e-0", adapters=OrderedDict())
-    asyncio.run(manager._push(slot, "v-1", NAMED, SPEC))
+    asyncio.run(publisher.push(slot, "v-1", NAMED, SPEC))
     return slot, client, moved
 
 

@@ -1,0 +1,83 @@
+"""The engine manager's data: settings, one group of engines per served base model, one slot per engine.
+
+A slot is a stable place for one engine (its name survives restarts, so routing stays sticky); the process in
+it changes when the engine is restarted. Everything that is per engine process (the weight transport, the
+collective group, the adapters it holds) is reset with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tx.inference.launch import EngineHandle
+from tx.inference.router import Router
+from tx.inference.weight_sync import BroadcastSender, TransportChoice
+
+
+class GroupState(enum.Enum):
+    ABSENT = "absent"
+    STARTING = "starting"
+    AWAKE = "awake"
+    ASLEEP = "asleep"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    count: int = 1
+    colocate: bool = False
+    sleep_level: int = 1
+    max_adapters: int = 8
+    control_timeout_s: float = 120.0
+    transfer_timeout_s: float = 120.0
+    trainer_device: str = "cpu"  # where the trainer runs: cpu, cuda, cuda:N (picks the weight transport)
+
+
+@dataclass
+class EngineSlot:
+    name: str
+    process: EngineHandle | None = None
+    transport: TransportChoice | None = None  # chosen on the first push to this engine process
+    sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
+    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive
+
+    def reset(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.sender, self.transport, self.adapters = None, None, OrderedDict()
+
+
+@dataclass
+class EngineGroup:
+    base_model: str
+    model_dir: Path
+    slots: dict[str, EngineSlot]
+    state: GroupState = GroupState.ABSENT
+    active: int = 0  # samples and pushes using the engines now (a sleep waits for them)
+    cond: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    @property
+    def router(self) -> Router:
+        return Router(sorted(self.slots))
+
+    def alive(self) -> list[str]:
+        return [key for key, slot in self.slots.items() if slot.alive]
+
+
+def build_groups(model_dirs: dict[str, Path], count: int) -> dict[str, EngineGroup]:
+    return {
+        name: EngineGroup(name, path, {f"{i}": EngineSlot(f"{_slug(name)}-{i}") for i in range(count)})
+        for name, path in model_dirs.items()
+    }
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name)[-40:].strip("-") or "model"

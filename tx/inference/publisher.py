@@ -1,0 +1,166 @@
+"""The publisher: weight versions into engines, over the transport each engine takes, with eviction.
+
+Design / who owns what:
+- Weight versions are LoRA adapters named after the sampler weights directory they came from. An engine loads
+  a version on first use (pushed over the transfer group) and keeps the most recent `max_adapters`. A version
+  whose files were evicted is a clear user error.
+- Weights travel over the transport `weight_sync.transport.choose_transport` picks per engine, from the
+  trainer's device (`EngineSettings.trainer_device`) and what the engine's `/health` reports: CUDA IPC into an
+  engine on the trainer's own GPU, NCCL to one on another GPU, gloo when either side is on cpu (the tensors
+  are read on cpu; NCCL and IPC move them to the trainer's GPU first). The choice is made once per engine
+  process; a restarted engine is asked again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import uuid
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from tx.inference.client import InferenceClient
+from tx.inference.groups import EngineSettings, EngineSlot
+from tx.inference.protocol import (
+    ROUTE_ADAPTER,
+    ROUTE_HEALTH,
+    ROUTE_WEIGHTS_FINISH,
+    ROUTE_WEIGHTS_INIT,
+    ROUTE_WEIGHTS_UPDATE,
+    ROUTE_WEIGHTS_UPDATE_IPC,
+    IpcWeightsUpdateRequest,
+    LoraSpec,
+    WeightsFinishRequest,
+    WeightsUpdateRequest,
+)
+from tx.inference.weight_sync import (
+    BroadcastSender,
+    EngineFacts,
+    IpcSender,
+    TrainerFacts,
+    TransferInit,
+    TransferUpdate,
+    TransportChoice,
+    choose_transport,
+    free_port,
+    plan_update,
+    trainer_facts,
+)
+from tx.types import UserError
+
+logger = logging.getLogger(__name__)
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+def adapter_name(weights_dir: Path) -> str:
+    return "v-" + hashlib.sha256(str(weights_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def read_adapter(weights_dir: Path) -> tuple[NamedTensors, LoraSpec]:
+    """The tensors (sorted by name) and LoRA shape of a PEFT adapter directory."""
+    if not (weights_dir / "adapter_model.safetensors").is_file():
+        raise UserError(
+            "the weights this sampler was created from are no longer kept on the server "
+            "(evicted); create a new sampling client from newer weights"
+        )
+    tensors = safetensors.torch.load_file(str(weights_dir / "adapter_model.safetensors"))
+    config = json.loads((weights_dir / "adapter_config.json").read_text())
+    spec = LoraSpec(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=sorted(config["target_modules"]))
+    return sorted(tensors.items()), spec
+
+
+class Publisher:
+    def __init__(self, settings: EngineSettings, client: InferenceClient) -> None:
+        self.settings = settings
+        self.client = client
+        self._trainer: TrainerFacts | None = None
+
+    async def ensure_adapter(self, slot: EngineSlot, weights_dir: Path | None) -> str | None:
+        """The adapter serving `weights_dir` on this engine, pushed there first if it is not loaded."""
+        if weights_dir is None:
+            return None
+        name = adapter_name(weights_dir)
+        async with slot.lock:
+            if name in slot.adapters:
+                slot.adapters.move_to_end(name)
+                return name
+            named, spec = await asyncio.to_thread(read_adapter, weights_dir)
+            while len(slot.adapters) >= self.settings.max_adapters:
+                old = slot.adapters.popitem(last=False)[0]
+                await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=old), self.settings.control_timeout_s)
+            await self.push(slot, name, named, spec)
+            await self.client.post(slot.name, ROUTE_WEIGHTS_FINISH, WeightsFinishRequest(
+                version=name, adapter=name).model_dump(), self.settings.control_timeout_s)
+            slot.adapters[name] = None
+            return name
+
+    async def push(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
+        if slot.transport is None:
+            slot.transport = await self._choose_transport(slot)
+        if slot.transport.kind == "ipc":
+            await self._push_ipc(slot, name, named, spec)
+        else:
+            await self._push_broadcast(slot, slot.transport, name, named, spec)
+
+    async def _choose_transport(self, slot: EngineSlot) -> TransportChoice:
+        if self._trainer is None:
+            self._trainer = await asyncio.to_thread(trainer_facts, self.settings.trainer_device)
+        health = await self.client.get(slot.name, ROUTE_HEALTH, self.settings.control_timeout_s)
+        engine = EngineFacts.from_health(self.client.engines[slot.name], health)
+        choice = await asyncio.to_thread(choose_transport, self._trainer, engine)  # may resolve the host
+        logger.info("engine %s (%s) receives weights over %s from the trainer (%s): %s", slot.name,
+                    engine.device, choice.kind, self._trainer.device, choice.reason)
+        return choice
+
+    def _trainer_device(self) -> torch.device:
+        assert self._trainer is not None and self._trainer.on_cuda
+        return torch.device(self._trainer.device)
+
+    async def _push_ipc(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
+        """CUDA IPC: pack the tensors into buffers on the trainer's GPU, post their handles, and keep the
+        buffers alive until the engine answered (it copies them before it does)."""
+        sender = IpcSender(self._trainer_device())
+        try:
+            update = await asyncio.to_thread(sender.share, named)
+            body = IpcWeightsUpdateRequest(ipc=update, adapter=name, lora=spec)
+            await self.client.post(slot.name, ROUTE_WEIGHTS_UPDATE_IPC, body.model_dump(mode="json"),
+                                   self.settings.transfer_timeout_s)
+        finally:
+            sender.release()
+
+    async def _push_broadcast(self, slot: EngineSlot, choice: TransportChoice, name: str, named: NamedTensors,
+                              spec: LoraSpec) -> None:
+        """A gloo or NCCL group of the trainer (rank 0) and the engine's workers (ranks 1..), made on the first
+        push."""
+        assert choice.master_address is not None, "gloo and nccl groups have a master address"
+        device = self._trainer_device() if choice.kind == "nccl" else None
+        if slot.sender is None:
+            init = TransferInit(backend=choice.kind, master_address=choice.master_address,
+                                master_port=free_port(choice.master_address), world_size=1 + choice.receivers,
+                                rank_offset=1, group_name=f"tx-{slot.name}-{uuid.uuid4().hex[:8]}",
+                                timeout_s=self.settings.transfer_timeout_s)
+            sender = BroadcastSender(init, device=device)
+            await asyncio.gather(
+                asyncio.to_thread(sender.connect),
+                self.client.post(slot.name, ROUTE_WEIGHTS_INIT, init.model_dump(), self.settings.control_timeout_s),
+            )
+            slot.sender = sender
+        update = plan_update(named)
+        body = WeightsUpdateRequest(transfer=update, adapter=name, lora=spec)
+        await asyncio.gather(
+            self.client.post(slot.name, ROUTE_WEIGHTS_UPDATE, body.model_dump(mode="json"),
+                             self.settings.transfer_timeout_s),
+            asyncio.to_thread(_send, slot.sender, named, update, device),
+        )
+
+
+def _send(sender: BroadcastSender, named: NamedTensors, update: TransferUpdate, device: torch.device | None) -> None:
+    """Broadcast `named`; NCCL sends from the trainer's GPU, so the (cpu) tensors are moved there first."""
+    if device is not None:
+        named = [(n, t.to(device)) for n, t in named]
+    sender.send(named, update)

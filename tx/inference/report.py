@@ -1,0 +1,32 @@
+"""What operators see of the engines (`GET /api/v1/tx/engines`): each group's state, and each engine's
+process, transport, adapters and health."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.groups import EngineGroup, EngineSlot
+from tx.inference.protocol import ROUTE_HEALTH
+
+
+async def describe_groups(groups: list[EngineGroup], client: InferenceClient) -> list[dict[str, Any]]:
+    return [
+        {"base_model": group.base_model, "state": group.state.value,
+         "engines": [await _describe_slot(slot, client) for slot in group.slots.values()]}
+        for group in groups
+    ]
+
+
+async def _describe_slot(slot: EngineSlot, client: InferenceClient) -> dict[str, Any]:
+    info: dict[str, Any] = {"name": slot.name, "adapters": list(slot.adapters), "pid": None, "alive": False}
+    if slot.transport is not None:
+        t = slot.transport
+        info["transport"] = {"kind": t.kind, "master_address": t.master_address, "reason": t.reason}
+    if slot.process is not None:
+        info.update(pid=slot.process.pid, alive=slot.process.alive, url=slot.process.url)
+        try:
+            info["health"] = await client.get(slot.name, ROUTE_HEALTH, 5.0)
+        except (EngineUnavailable, EngineRequestError) as exc:
+            info["health"] = {"error": str(exc)}
+    return info

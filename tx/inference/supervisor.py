@@ -1,0 +1,85 @@
+"""Supervision: engine processes in their slots are started, restarted when they die, and stopped.
+
+Design / who owns what:
+- `ensure_running` starts the slot's engine if it has none or the one it has is dead (under the slot's lock,
+  so concurrent callers start one process).
+- `restart(slot, failed)` replaces the process that failed, and only that one: when many requests see the
+  same engine die, the first restarts it and the others find a new, live process in the slot and leave it be.
+- A dead engine found while routing is restarted in the background; requests go to live engines meanwhile.
+- `control` fans a control call out to a group and restarts each engine that failed it, so the group stays
+  consistent (a restarted engine is awake and holds no adapters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tx.inference.client import InferenceClient
+from tx.inference.groups import EngineGroup, EngineSlot
+from tx.inference.launch import EngineHandle, Launcher
+
+logger = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(self, launcher: Launcher, client: InferenceClient, control_timeout_s: float) -> None:
+        self.launcher = launcher
+        self.client = client
+        self.control_timeout_s = control_timeout_s
+        self.restarts = 0  # processes replaced after a failure (for operators and tests)
+        self._background: set[asyncio.Task] = set()
+
+    async def ensure_running(self, group: EngineGroup, slot: EngineSlot) -> None:
+        async with slot.lock:
+            await self._start_unless_alive(group, slot)
+
+    async def _start_unless_alive(self, group: EngineGroup, slot: EngineSlot) -> None:
+        if slot.alive:
+            return
+        if slot.process is not None:
+            logger.warning("engine %s (pid %s) is dead; restarting it", slot.name, slot.process.pid)
+            self.restarts += 1
+        slot.reset()
+        slot.process = await self.launcher.start(slot.name, group.model_dir)
+        self.client.engines[slot.name] = slot.process.url
+
+    async def restart(self, group: EngineGroup, slot: EngineSlot, failed: EngineHandle | None) -> None:
+        """Replace `failed` (the process a caller saw fail). A process already put in its place is kept."""
+        async with slot.lock:
+            if failed is not None and slot.process is failed:
+                if failed.alive:
+                    await self.launcher.stop(failed)  # alive but failing: stop it before starting anew
+                    self.restarts += 1
+                    slot.reset()
+                    slot.process = None
+            await self._start_unless_alive(group, slot)
+
+    def restart_dead_in_background(self, group: EngineGroup) -> None:
+        """Requests skip a dead engine; it comes back on its own, without holding them up."""
+        for slot in group.slots.values():
+            if slot.process is not None and not slot.alive and not slot.lock.locked():
+                task = asyncio.create_task(self.ensure_running(group, slot))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def control(self, group: EngineGroup, path: str, body: dict) -> None:
+        """Fan a control call out; an engine that fails it is restarted (restarted engines are awake)."""
+        slots = {s.name: (s, s.process) for s in group.slots.values() if s.process is not None}
+        results = await self.client.fan_out(path, body, self.control_timeout_s, list(slots))
+        for name, result in results.items():
+            if isinstance(result, Exception):
+                logger.warning("engine %s failed %s (%s); restarting it", name, path, result)
+                slot, process = slots[name]
+                await self.restart(group, slot, process)
+
+    async def close(self, groups: list[EngineGroup]) -> None:
+        for task in list(self._background):
+            task.cancel()
+        for group in groups:
+            for slot in group.slots.values():
+                slot.reset()
+                if slot.process is not None:
+                    await self.launcher.stop(slot.process)
+                    slot.process = None
+        await self.launcher.close()
