@@ -81,7 +81,8 @@ class Settings(BaseSettings):
     engine_sleep_level: int = Field(1, ge=1, le=2, description="1: keep weights off the accelerator; 2: drop them.")
     engine_max_adapters: int = Field(8, ge=1, description="Weight versions an engine keeps loaded.")
     sampler_versions_kept: int = Field(
-        8, ge=1, description="Unnamed sampler weight versions kept per run; older sampling clients then fail."
+        8, ge=1, description="Sampler weight versions held per run (every save, also under a name saved before, "
+        "is a new version; unnamed ones are also kept on disk); older sampling clients then fail."
     )
     ray_address: str | None = Field(
         None, description="Place engines as Ray actors on this cluster ('auto', 'host:port', 'local' "

@@ -177,3 +177,42 @@ def test_a_sessions_requests_stay_on_one_engine(colocated_server: TxServer) -> N
         grown = [a - b for a, b in zip(counts(), before)]
         assert sorted(grown) == [0, 4], grown
     client.close("success")
+
+
+def test_a_name_saved_again_serves_the_new_weights(client: tinker.ServiceClient) -> None:
+    """Saving under an existing name is a new version: clients made afterwards sample the new weights (before
+    versions were counted they sampled the first save's, 4 nats away), and one made before keeps its own."""
+    tc = client.create_lora_training_client(BASE, rank=8, seed=7).result()
+    tokens = list(range(40, 52))
+    prompt = types.ModelInput.from_ints(tokens)
+
+    def trainer_logprobs() -> np.ndarray:
+        return tc.forward([sft_datum(tokens)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+    path = tc.save_weights_for_sampler("latest").result().path
+    first = client.create_sampling_client(model_path=path).result()
+    first_logprobs = first.compute_logprobs(prompt).result()
+    np.testing.assert_allclose(first_logprobs[1:], trainer_logprobs(), atol=1e-3)
+    for _ in range(3):
+        tc.forward_backward([sft_datum(tokens)], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    assert tc.save_weights_for_sampler("latest").result().path == path
+    second = client.create_sampling_client(model_path=path).result()
+    gap = np.abs(np.array(second.compute_logprobs(prompt).result()[1:]) - trainer_logprobs()).max()
+    assert gap < 1e-3, f"a client made after the second save samples other weights ({gap:.2f} nats off)"
+    assert first.compute_logprobs(prompt).result()[1:] == pytest.approx(first_logprobs[1:], abs=1e-5)
+
+
+def test_a_client_whose_weights_were_dropped_gets_an_error_naming_its_path(client: tinker.ServiceClient) -> None:
+    """A run holds its 8 newest versions (--sampler-versions-kept); an older client is told which path to renew."""
+    tc = client.create_lora_training_client(BASE, rank=4, seed=9).result()
+    path = tc.save_weights_for_sampler("kept").result().path
+    old = client.create_sampling_client(model_path=path).result()
+    prompt, params = types.ModelInput.from_ints([3, 4, 5]), types.SamplingParams(max_tokens=2)
+    old.sample(prompt, 1, params).result()
+    for _ in range(8):
+        tc.save_weights_for_sampler("kept").result()
+    with pytest.raises(tinker.RequestFailedError, match="no longer held") as failure:
+        old.sample(prompt, 1, params).result(timeout=60)
+    assert path in str(failure.value)
+    client.create_sampling_client(model_path=path).result().sample(prompt, 1, params).result()  # a new client works

@@ -59,7 +59,8 @@ def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.Abs
         colocate = torch.cuda.is_available()
     engine_settings = EngineSettings(
         count=settings.engine_count, colocate=colocate, sleep_level=settings.engine_sleep_level,
-        max_adapters=settings.engine_max_adapters, trainer_device=trainer_device,
+        max_adapters=settings.engine_max_adapters, versions_kept=settings.sampler_versions_kept,
+        trainer_device=trainer_device,
     )
     manager = EngineManager(models, engine_settings, build_launcher(settings, len(models), colocate))
     manager.bind(loop)
@@ -104,7 +105,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     service = TrainingService(
         store, backend, futures_, scheduler, CheckpointFiles(settings.checkpoints_dir),
         before_training=manager.before_training,
-        sampler_saved=lambda base, directory, start: manager.publish_sync(base, directory, start=start),
+        engines=manager,
         versions_kept=settings.sampler_versions_kept,
     )
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, images)

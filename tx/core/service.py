@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tx.backends.base import TrainingBackend
 from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_name
@@ -44,6 +44,16 @@ def sampler_id_for(session_id: str, sampling_session_seq_id: int) -> str:
     return f"{session_id}:sample:{sampling_session_seq_id}"
 
 
+class SamplerEngines(Protocol):
+    """What the service tells the engine manager: sampler saves (the trainer's own tensors, on the training
+    thread) and sampling clients created from a saved path."""
+
+    def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,
+                     weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None) -> None: ...
+
+    def pin(self, sampler_id: str, directory: Path, label: str) -> None: ...
+
+
 class TrainingService:
     def __init__(
         self,
@@ -53,7 +63,7 @@ class TrainingService:
         scheduler: Scheduler,
         files: CheckpointFiles,
         before_training: Callable[[], None] | None = None,
-        sampler_saved: Callable[[str, Path, bool], None] | None = None,
+        engines: SamplerEngines | None = None,
         versions_kept: int = 8,
     ) -> None:
         self.store = store
@@ -62,7 +72,7 @@ class TrainingService:
         self.scheduler = scheduler
         self.files = files
         self._before_training = before_training
-        self._sampler_saved = sampler_saved
+        self._engines = engines
         self._versions_kept = versions_kept
 
     # -- sessions ---------------------------------------------------------------------------
@@ -216,7 +226,7 @@ class TrainingService:
                     owner, path, lambda d: self.backend.save_sampler_weights(model_id, d), ttl_s, True,
                     user_metadata,
                 )
-                self._published(owner, model_id, self.files.directory(path), start=False)
+                self._published(owner, model_id, self.files.directory(path), str(path), start=False)
                 return SamplerSaved(path=str(path), sampling_session_id=None)
 
         else:
@@ -243,7 +253,8 @@ class TrainingService:
                 weights_dir=str(directory),
             )
         )
-        self._published(owner, model_id, directory, start=True)
+        self._published(owner, model_id, directory, f"the sampler weights of sampling session {sampler_id}",
+                        start=True, sampler_id=sampler_id)
         return SamplerSaved(path=None, sampling_session_id=sampler_id)
 
     def _evict_old_versions(self, parent: Path) -> None:
@@ -251,10 +262,15 @@ class TrainingService:
         for old in versions[: max(0, len(versions) - self._versions_kept)]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _published(self, owner: str, model_id: str, directory: Path, *, start: bool) -> None:
-        """Tell the engines about new sampler weights (starting them only for a run about to sample)."""
-        if self._sampler_saved is not None:
-            self._sampler_saved(self.store.get_run(model_id, owner).base_model, directory, start)
+    def _published(self, owner: str, model_id: str, directory: Path, label: str, *, start: bool,
+                   sampler_id: str | None = None) -> None:
+        """Hand the engines the trainer's tensors as a new weight version (starting them only for a run about
+        to sample). The directory was written too: for checkpoints, and for engines that load files."""
+        if self._engines is not None:
+            base_model = self.store.get_run(model_id, owner).base_model
+            self._engines.save_sampler(base_model, model_id, directory, label,
+                                       self.backend.iter_trainable_weights(model_id), start=start,
+                                       sampler_id=sampler_id)
 
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
         """Legacy TrainingClient.load_state*: load a checkpoint into this existing run."""
@@ -376,6 +392,8 @@ class TrainingService:
         assert base_model is not None  # the wire schema requires base_model or model_path
         self._base_model(base_model)
         sampler_id = sampler_id_for(session_id, seq)
+        if weights_dir is not None and model_path is not None and self._engines is not None:
+            self._engines.pin(sampler_id, Path(weights_dir), model_path)  # the newest version of that path
         self.store.create_sampling_session(
             SamplingSessionRow(
                 sampling_session_id=sampler_id, session_id=session_id, owner=owner,

@@ -30,7 +30,8 @@ class EngineSettings:
     count: int = 1
     colocate: bool = False
     sleep_level: int = 1
-    max_adapters: int = 8
+    max_adapters: int = 8  # weight versions an engine keeps loaded
+    versions_kept: int = 8  # weight versions each run holds (older sampling clients then fail)
     control_timeout_s: float = 120.0
     transfer_timeout_s: float = 120.0
     trainer_device: str = "cpu"  # where the trainer runs: cpu, cuda, cuda:N (picks the weight transport)

@@ -3,20 +3,22 @@ supervision, each in its own module:
 
 - `groups.py`: the data (settings, one group of engine slots per served base model);
 - `lifecycle.py`: group states (absent/starting/awake/asleep) and the lease that keeps engines awake in use;
+- `versions.py`: weight versions (a counter, a new number at every sampler save) and the clients pinned to them;
 - `publisher.py`: weight versions pushed into engines over the chosen transport, adapter eviction;
 - `supervisor.py`: engine processes started, restarted when they fail, stopped;
 - `report.py`: what operators see.
 
 Here: a sample is routed to one engine (sticky on the sampling session), its weights are made ready there, and
 a request that met a dead engine is retried once on the restarted one, then failed with a server error.
-Runs on the server's event loop; `before_training` and `publish_sync` are the entry points for the training
-thread.
+Runs on the server's event loop; `before_training` and `save_sampler` are the entry points for the training
+thread, `pin` for request threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from tx.inference.protocol import GenerateRequest
 from tx.inference.publisher import Publisher
 from tx.inference.report import describe_groups
 from tx.inference.supervisor import Supervisor
+from tx.inference.versions import VersionStore, WeightVersion, lora_spec, snapshot
 from tx.multimodal import ExpandedInput
 from tx.types import SampleRequest, SampleResult, UserError
 
@@ -44,6 +47,7 @@ class EngineManager:
         self.supervisor = Supervisor(launcher, self.client, settings.control_timeout_s)
         self.lifecycle = Lifecycle(settings, self.supervisor)
         self.publisher = Publisher(settings, self.client)
+        self.versions = VersionStore(settings.versions_kept)
         self.in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -66,12 +70,16 @@ class EngineManager:
         group = self.groups[base_model]
         self.in_flight += 1
         try:
+            version = None
+            if weights_dir is not None:
+                sampler_id = session_key.rsplit(":", 1)[0]
+                version = await asyncio.to_thread(self.versions.pinned, sampler_id, weights_dir)
             async with self.lifecycle.use(group):
-                return await self._sample_once_or_twice(group, weights_dir, session_key, request, prompt)
+                return await self._sample_once_or_twice(group, version, session_key, request, prompt)
         finally:
             self.in_flight -= 1
 
-    async def _sample_once_or_twice(self, group: EngineGroup, weights_dir: Path | None, session_key: str,
+    async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, session_key: str,
                                     request: SampleRequest, prompt: ExpandedInput | None) -> SampleResult:
         sampler_id = session_key.rsplit(":", 1)[0]  # a session's requests share an engine
         self.supervisor.restart_dead_in_background(group)
@@ -80,7 +88,7 @@ class EngineManager:
             await self.supervisor.ensure_running(group, slot)
             process = slot.process
             try:
-                adapter = await self.publisher.ensure_adapter(slot, weights_dir)
+                adapter = await self.publisher.ensure_adapter(slot, version)
                 generate = GenerateRequest.from_sample_request(request, adapter, prompt)
                 answer = await self.client.generate(slot.name, session_key, generate)
                 return answer.to_sample_result()
@@ -96,16 +104,26 @@ class EngineManager:
         raise AssertionError("unreachable")
 
     # -- weights ----------------------------------------------------------------------------
-    async def publish(self, base_model: str, weights_dir: Path, *, start: bool) -> None:
+    def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,
+                     weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None) -> None:
+        """From the training thread, after a sampler save into `directory`: the trainer's `weights` (copied now)
+        become a new version, pinned to `sampler_id` if given, and published (starting the engines if `start`)."""
+        version = self.versions.add(run_id, directory, label, snapshot(weights), lora_spec(directory))
+        if sampler_id is not None:
+            self.versions.pin(sampler_id, directory, label)
+        self._call(self.publish(base_model, version, start=start))
+
+    def pin(self, sampler_id: str, directory: Path, label: str) -> None:
+        """A sampling client is created from `directory` (`label` is its path): pin it to the newest version."""
+        self.versions.pin(sampler_id, directory, label)
+
+    async def publish(self, base_model: str, version: WeightVersion, *, start: bool) -> None:
         """Load a new version into every engine of the group (starting them if `start`)."""
         group = self.groups[base_model]
         if group.state is GroupState.ABSENT and not start:
             return
         async with self.lifecycle.use(group):
-            await asyncio.gather(*(self.publisher.ensure_adapter(s, weights_dir) for s in group.slots.values()))
-
-    def publish_sync(self, base_model: str, weights_dir: Path, *, start: bool) -> None:
-        self._call(self.publish(base_model, weights_dir, start=start))
+            await asyncio.gather(*(self.publisher.ensure_adapter(s, version) for s in group.slots.values()))
 
     # -- training ---------------------------------------------------------------------------
     def before_training(self) -> None:

@@ -1,9 +1,8 @@
 """The publisher: weight versions into engines, over the transport each engine takes, with eviction.
 
 Design / who owns what:
-- Weight versions are LoRA adapters named after the sampler weights directory they came from. An engine loads
-  a version on first use (pushed over the transfer group) and keeps the most recent `max_adapters`. A version
-  whose files were evicted is a clear user error.
+- A weight version (`versions.py`) is a LoRA adapter named `v<number>`. An engine loads a version on first use
+  (pushed from the trainer's tensors, never read back from disk) and keeps the most recent `max_adapters`.
 - Weights travel over the transport `weight_sync.transport.choose_transport` picks per engine, from the
   trainer's device (`EngineSettings.trainer_device`) and what the engine's `/health` reports: CUDA IPC into an
   engine on the trainer's own GPU, NCCL to one on another GPU, gloo when either side is on cpu (the tensors
@@ -14,13 +13,9 @@ Design / who owns what:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import uuid
-from pathlib import Path
 
-import safetensors.torch
 import torch
 
 from tx.inference.client import InferenceClient
@@ -50,29 +45,9 @@ from tx.inference.weight_sync import (
     plan_update,
     trainer_facts,
 )
-from tx.types import UserError
+from tx.inference.versions import NamedTensors, WeightVersion
 
 logger = logging.getLogger(__name__)
-
-NamedTensors = list[tuple[str, torch.Tensor]]
-
-
-def adapter_name(weights_dir: Path) -> str:
-    return "v-" + hashlib.sha256(str(weights_dir.resolve()).encode()).hexdigest()[:16]
-
-
-def read_adapter(weights_dir: Path) -> tuple[NamedTensors, LoraSpec]:
-    """The tensors (sorted by name) and LoRA shape of a PEFT adapter directory."""
-    if not (weights_dir / "adapter_model.safetensors").is_file():
-        raise UserError(
-            "the weights this sampler was created from are no longer kept on the server "
-            "(evicted); create a new sampling client from newer weights"
-        )
-    tensors = safetensors.torch.load_file(str(weights_dir / "adapter_model.safetensors"))
-    config = json.loads((weights_dir / "adapter_config.json").read_text())
-    spec = LoraSpec(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=sorted(config["target_modules"]))
-    return sorted(tensors.items()), spec
-
 
 class Publisher:
     def __init__(self, settings: EngineSettings, client: InferenceClient) -> None:
@@ -80,20 +55,19 @@ class Publisher:
         self.client = client
         self._trainer: TrainerFacts | None = None
 
-    async def ensure_adapter(self, slot: EngineSlot, weights_dir: Path | None) -> str | None:
-        """The adapter serving `weights_dir` on this engine, pushed there first if it is not loaded."""
-        if weights_dir is None:
+    async def ensure_adapter(self, slot: EngineSlot, version: WeightVersion | None) -> str | None:
+        """The adapter serving `version` on this engine, pushed there first if it is not loaded."""
+        if version is None:
             return None
-        name = adapter_name(weights_dir)
+        name = version.adapter
         async with slot.lock:
             if name in slot.adapters:
                 slot.adapters.move_to_end(name)
                 return name
-            named, spec = await asyncio.to_thread(read_adapter, weights_dir)
             while len(slot.adapters) >= self.settings.max_adapters:
                 old = slot.adapters.popitem(last=False)[0]
                 await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=old), self.settings.control_timeout_s)
-            await self.push(slot, name, named, spec)
+            await self.push(slot, name, version.named, version.spec)
             await self.client.post(slot.name, ROUTE_WEIGHTS_FINISH, WeightsFinishRequest(
                 version=name, adapter=name).model_dump(), self.settings.control_timeout_s)
             slot.adapters[name] = None
