@@ -93,6 +93,13 @@ def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launc
     return RayLauncher(spec, secret, engine=settings.engine, address=address, work_dir=work_dir, **options)
 
 
+def checkpoint_files(root: Path) -> CheckpointFiles:
+    files = CheckpointFiles(root)
+    if swept := files.sweep():
+        logger.warning("removed %d checkpoint directories left by an interrupted save", swept)
+    return files
+
+
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Context:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
@@ -103,7 +110,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
     manager = build_manager(settings, models, loop, backend.training_device())
     service = TrainingService(
-        store, backend, futures_, scheduler, CheckpointFiles(settings.checkpoints_dir),
+        store, backend, futures_, scheduler, checkpoint_files(settings.checkpoints_dir),
         before_training=manager.before_training,
         engines=manager,
         versions_kept=settings.sampler_versions_kept,

@@ -1,9 +1,11 @@
 """Checkpoint paths and their on-disk layout, with atomic writes.
 
 A checkpoint is named `tinker://<run_id>/<kind>/<name>` and lives in
-`<checkpoints_dir>/<run_id>/<kind>/<name>/`. It is written into a temporary sibling directory,
-flushed to disk, and renamed into place, so a crash never leaves a half-written checkpoint under
-a real name.
+`<checkpoints_dir>/<run_id>/<kind>/<name>/`. It is written into a temporary sibling directory
+(`.tmp-<name>-<hex>`), flushed to disk, and renamed into place, so a crash never leaves a
+half-written checkpoint under a real name. Overwriting moves the old one aside first
+(`.old-<name>-<hex>`). A crash (SIGKILL) can leave either behind; `sweep` runs at startup and
+removes them, putting an `.old-` copy back when the crash came between the two renames.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tx.types import UserError
 KINDS = ("weights", "sampler_weights")
 CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
+_LEFTOVER = re.compile(r"^\.(tmp|old)-(.+)-[0-9a-f]{8}$")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,22 @@ class CheckpointFiles:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return tree_size(final)
+
+    def sweep(self) -> int:
+        """Remove what a crashed write left behind; returns how many leftovers were handled."""
+        handled = 0
+        for kind_dir in (d for kind in KINDS for d in self.root.glob(f"*/{kind}")):
+            for entry in sorted(kind_dir.iterdir()):  # `.old-` sorts before `.tmp-`
+                match = _LEFTOVER.match(entry.name)
+                if match is None or not entry.is_dir():
+                    continue
+                final = kind_dir / match.group(2)
+                if match.group(1) == "old" and not final.exists():
+                    os.replace(entry, final)  # killed between moving it aside and moving the new one in
+                else:
+                    shutil.rmtree(entry, ignore_errors=True)
+                handled += 1
+        return handled
 
     def ephemeral_dir(self, run_id: str, version: int) -> Path:
         """Unnamed sampler weights (save_weights_and_get_sampling_client): not listed as checkpoints."""
