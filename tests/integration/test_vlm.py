@@ -203,8 +203,8 @@ def test_allowed_pointers_sample(vlm, sampler, image_hosts) -> None:
 def test_refused_pointers(vlm, sampler, image_hosts, case: str) -> None:
     allowed, loopback = image_hosts
     location, reason = {
-        "outside_roots": (str(vlm[2] / "outside.png"), "outside the asset roots"),
-        "traversal": (str(vlm[2] / "assets" / ".." / "outside.png"), "outside the asset roots"),
+        "outside_roots": (str(vlm[2] / "outside.png"), "no file under the asset roots"),
+        "traversal": (str(vlm[2] / "assets" / ".." / "outside.png"), "no file under the asset roots"),
         "loopback": (loopback, "loopback address 127.0.0.2"),
         "redirect_to_loopback": (f"{allowed}/redirect", "loopback address 127.0.0.2"),
         "host": ("http://localhost:9/img.png", "not one this server may fetch from"),

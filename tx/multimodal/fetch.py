@@ -3,7 +3,9 @@ hosts.
 
 Rules (each refusal is a `UserError` that says why):
 - A local location (an absolute path or a `file://` URL) is read only if, with every symlink resolved, it
-  lies under one of `roots` and is a regular file. Nothing is readable when no root is configured.
+  lies under one of `roots` and is a regular file. Nothing is readable when no root is configured. A path
+  that is missing and one that lies outside the roots get the same answer, so the answer never tells
+  whether a path outside the roots exists.
 - An http(s) location is fetched only from a host in `hosts` ("name" or "name:port"). Its name is resolved
   once; every address it resolves to must be public (not loopback, private, link-local, shared, reserved,
   unspecified or multicast) unless `allow_private` is set or the address lies in one of `allowed_networks`.
@@ -83,12 +85,13 @@ def _read_local(location: str, policy: AssetPolicy) -> bytes:
         raise UserError(f"image_asset_pointer: file URL {location!r} names a host; only local files are read")
     if not policy.roots:
         raise UserError("image_asset_pointer: this server reads no local files (no asset roots configured)")
+    unreadable = UserError(f"image_asset_pointer: {raw!r} is no file under the asset roots this server may read")
     try:
         path = Path(raw).resolve(strict=True)
     except (OSError, RuntimeError):
-        raise UserError(f"image_asset_pointer: no such file {raw!r}") from None
+        raise unreadable from None
     if not any(path.is_relative_to(root.resolve()) for root in policy.roots):
-        raise UserError(f"image_asset_pointer: {raw!r} is outside the asset roots this server may read")
+        raise unreadable
     return _read_file(path, policy.max_bytes)
 
 

@@ -163,12 +163,12 @@ def test_local_files_only_under_roots(tmp_path: Path) -> None:
     assert fetch_asset(f"file://{root / 'ok.png'}", policy) == b"OK"
     (root / "big.png").write_bytes(b"x" * 11)
     refused = {
-        str(outside / "secret.png"): "outside the asset roots",
-        str(root / "link.png"): "outside the asset roots",
-        str(root / ".." / "outside" / "secret.png"): "outside the asset roots",
+        str(outside / "secret.png"): "no file under the asset roots",
+        str(root / "link.png"): "no file under the asset roots",
+        str(root / ".." / "outside" / "secret.png"): "no file under the asset roots",
         str(root / "dir"): "not a regular file",
         str(root / "big.png"): "over the limit",
-        str(root / "nothing.png"): "no such file",
+        str(root / "nothing.png"): "no file under the asset roots",
         "relative/ok.png": "neither an absolute path",
         f"file://otherhost{root / 'ok.png'}": "names a host",
     }
@@ -177,3 +177,21 @@ def test_local_files_only_under_roots(tmp_path: Path) -> None:
             fetch_asset(location, policy)
     with pytest.raises(UserError, match="no asset roots"):
         fetch_asset(str(root / "ok.png"), AssetPolicy())
+
+
+def test_a_missing_file_gets_the_same_answer_inside_and_outside_the_roots(tmp_path: Path) -> None:
+    """The answer must not tell whether a path outside the roots exists."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "exists.png").write_bytes(b"SECRET")
+    policy = AssetPolicy(roots=(root,))
+
+    def answer(path: Path) -> str:
+        with pytest.raises(UserError) as info:
+            fetch_asset(str(path), policy)
+        return str(info.value).replace(str(path), "<path>")
+
+    answers = {answer(p) for p in (root / "missing.png", outside / "missing.png", outside / "exists.png",
+                                   tmp_path / "no-such-dir" / "x.png")}
+    assert len(answers) == 1, answers
