@@ -26,6 +26,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
+    p.add_argument("--trainer-workers", type=int,
+                   help="trainer worker processes sharing one model with FSDP2 (default 1: in the server process)")
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
     p.add_argument("--max-json-bytes", type=int, help="largest body of any other route (default 4 MiB)")

@@ -42,6 +42,11 @@ class Settings(BaseSettings):
     )
     backend: str = Field("torch", description="Training backend.")
     device: str = Field("auto", description="Training device: auto, cpu, cuda, cuda:N.")
+    trainer_workers: int = Field(
+        1, ge=1, le=1024,
+        description="Trainer worker processes, one model sharded over them with FSDP2 (one GPU each on a GPU "
+        "machine). 1 = the trainer runs inside the server process.",
+    )
     long_poll_s: float = Field(30.0, gt=0, le=40, description="How long retrieve_future holds a poll.")
     seq_gap_timeout_s: float = Field(
         120.0,

@@ -16,6 +16,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """A tx server whose trainer runs on 2 worker processes (FSDP2 over gloo); they start on the first run."""
+    args = ["--seq-gap-timeout-s", "3", "--trainer-workers", "2"]
+    srv = TxServer(tmp_path_factory.mktemp("tx-workers"), args=args).start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def service_client(server: TxServer) -> Iterator[tinker.ServiceClient]:
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)

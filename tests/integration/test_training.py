@@ -8,7 +8,18 @@ import tinker
 import torch
 from tinker import types
 
+from txserver import API_KEY
+
 BASE = "tiny-qwen3"
+
+
+@pytest.fixture(params=["in-process", "2-workers"])
+def trainer_client(request: pytest.FixtureRequest):
+    """A ServiceClient on the in-process trainer, then on one whose trainer runs on 2 workers."""
+    server = request.getfixturevalue("server" if request.param == "in-process" else "workers_server")
+    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    yield client
+    client.close("success")
 
 
 def sequences(n: int = 4, length: int = 33, seed: int = 0) -> list[list[int]]:
@@ -35,8 +46,8 @@ def step(tc: tinker.TrainingClient, data: list[types.Datum], lr: float = 5e-3) -
     return loss
 
 
-def test_sft_memorises_sequences(service_client: tinker.ServiceClient) -> None:
-    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+def test_sft_memorises_sequences(trainer_client: tinker.ServiceClient) -> None:
+    tc = trainer_client.create_lora_training_client(BASE, rank=8, seed=0).result()
     data = [datum(s) for s in sequences()]
     n = total_tokens(data)
     losses = [step(tc, data) / n for _ in range(30)]
@@ -44,8 +55,8 @@ def test_sft_memorises_sequences(service_client: tinker.ServiceClient) -> None:
     assert min(losses) <= 0.5 * losses[0], losses
 
 
-def test_forward_outputs_match_cross_entropy_loss(service_client: tinker.ServiceClient) -> None:
-    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+def test_forward_outputs_match_cross_entropy_loss(trainer_client: tinker.ServiceClient) -> None:
+    tc = trainer_client.create_lora_training_client(BASE, rank=8, seed=0).result()
     data = [datum(s) for s in sequences(3, length=20, seed=1)]
     out = tc.forward(data, "cross_entropy").result()
     logprobs = [o["logprobs"].to_numpy() for o in out.loss_fn_outputs]
@@ -66,11 +77,11 @@ def test_zero_weights_give_zero_loss_and_no_update(service_client: tinker.Servic
         np.testing.assert_array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
 
 
-def test_custom_loss_gives_cross_entropy_gradients(service_client: tinker.ServiceClient) -> None:
+def test_custom_loss_gives_cross_entropy_gradients(trainer_client: tinker.ServiceClient) -> None:
     """Same seed, same data: a custom loss equal to cross_entropy must move the weights identically."""
     data = [datum(s, weight=0.5) for s in sequences(2, length=17, seed=3)]
-    ce = service_client.create_lora_training_client(BASE, rank=4, seed=7).result()
-    custom = service_client.create_lora_training_client(BASE, rank=4, seed=7).result()
+    ce = trainer_client.create_lora_training_client(BASE, rank=4, seed=7).result()
+    custom = trainer_client.create_lora_training_client(BASE, rank=4, seed=7).result()
 
     def nll(batch: list[types.Datum], logprobs: list[torch.Tensor]):
         loss = sum(-(lp * torch.tensor(d.loss_fn_inputs["weights"].data)).sum() for d, lp in zip(batch, logprobs))
@@ -103,9 +114,9 @@ def test_pipelined_submissions_keep_their_order(service_client: tinker.ServiceCl
     np.testing.assert_allclose(piped_losses, serial_losses, rtol=1e-5)
 
 
-def test_save_then_load_with_optimizer_reproduces_next_step(service_client: tinker.ServiceClient) -> None:
+def test_save_then_load_with_optimizer_reproduces_next_step(trainer_client: tinker.ServiceClient) -> None:
     data = [datum(s) for s in sequences(2, seed=6)]
-    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    tc = trainer_client.create_lora_training_client(BASE, rank=8, seed=0).result()
     for _ in range(3):
         step(tc, data)
     path = tc.save_state("resume-me").result().path
@@ -113,22 +124,22 @@ def test_save_then_load_with_optimizer_reproduces_next_step(service_client: tink
     step(tc, data)
     expected = tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
 
-    resumed = service_client.create_training_client_from_state_with_optimizer(path).result()
+    resumed = trainer_client.create_training_client_from_state_with_optimizer(path).result()
     step(resumed, data)
     got = resumed.forward(data, "cross_entropy").result().metrics["loss:sum"]
     assert got == pytest.approx(expected, rel=1e-5)
 
-    without_opt = service_client.create_training_client_from_state(path).result()
+    without_opt = trainer_client.create_training_client_from_state(path).result()
     step(without_opt, data)
     fresh_adam = without_opt.forward(data, "cross_entropy").result().metrics["loss:sum"]
     assert fresh_adam != pytest.approx(expected, rel=1e-5)
 
 
-def test_chunked_forward_backward_accumulates(service_client: tinker.ServiceClient) -> None:
+def test_chunked_forward_backward_accumulates(trainer_client: tinker.ServiceClient) -> None:
     """Two forward_backward calls then one optim_step equal one call with all the data."""
     data = [datum(s) for s in sequences(4, seed=8)]
-    split = service_client.create_lora_training_client(BASE, rank=8, seed=2).result()
-    whole = service_client.create_lora_training_client(BASE, rank=8, seed=2).result()
+    split = trainer_client.create_lora_training_client(BASE, rank=8, seed=2).result()
+    whole = trainer_client.create_lora_training_client(BASE, rank=8, seed=2).result()
     split.forward_backward(data[:2], "cross_entropy").result()
     split.forward_backward(data[2:], "cross_entropy").result()
     split.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -138,8 +149,8 @@ def test_chunked_forward_backward_accumulates(service_client: tinker.ServiceClie
     assert a == pytest.approx(b, rel=1e-5)
 
 
-def test_rl_losses_run_through_the_sdk(service_client: tinker.ServiceClient) -> None:
-    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+def test_rl_losses_run_through_the_sdk(trainer_client: tinker.ServiceClient) -> None:
+    tc = trainer_client.create_lora_training_client(BASE, rank=8, seed=0).result()
     tokens = sequences(2, length=12, seed=9)
     data = [
         types.Datum(

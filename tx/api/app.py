@@ -104,7 +104,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
     images = ImageInputs.from_settings(settings)
-    backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits)
+    backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits,
+                             workers=settings.trainer_workers)
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
@@ -133,6 +134,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             janitor.cancel()
             ctx.scheduler.stop()
+            ctx.backend.close()
             await ctx.manager.close()
             ctx.store.close()
 

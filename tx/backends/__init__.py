@@ -12,9 +12,15 @@ if TYPE_CHECKING:
 
 
 def create_backend(
-    name: str, models: dict[str, Path], *, device: str = "auto", image_limits: ImageLimits | None = None
+    name: str, models: dict[str, Path], *, device: str = "auto", image_limits: ImageLimits | None = None,
+    workers: int = 1,
 ) -> TrainingBackend:
-    """Build the backend called `name`, importing its heavy library only now."""
+    """Build the backend called `name`, importing its heavy library only now; with `workers` > 1 the trainer
+    runs on that many worker processes (torch only)."""
+    if name == "torch" and workers > 1:
+        from tx.backends.torch.workers import create_workers_backend
+
+        return create_workers_backend(models, workers, device=device, image_limits=image_limits)
     if name == "torch":
         from tx.backends.torch.backend import TorchBackend
 

@@ -40,6 +40,9 @@ class TrainingBackend(ABC):
         weight transport from it (gloo, NCCL, CUDA IPC)."""
         return "cpu"
 
+    def close(self) -> None:
+        """Release what the backend started (worker processes); called once when the server stops."""
+
     @abstractmethod
     def base_model_info(self, base_model: str) -> BaseModelInfo:
         """Info on a served base model; NotFoundError if it is not served."""

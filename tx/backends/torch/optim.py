@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tx.types import AdamParams
@@ -31,4 +32,6 @@ def adam_step(optimizer: torch.optim.AdamW, adam: AdamParams) -> dict[str, float
         clip_grads_with_norm_(params, adam.grad_clip_norm, grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if isinstance(grad_norm, DTensor):  # parameters sharded over trainer workers: the norm of the whole
+        grad_norm = grad_norm.full_tensor()
     return {"grad_norm": float(grad_norm), "learning_rate": adam.learning_rate}

@@ -1,0 +1,112 @@
+"""The torch trainer on 2 worker processes (FSDP2 over gloo) against the in-process trainer."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+from backend_helpers import TINY_NAME, ce, sft_data, snapshot
+
+from tx.backends.torch.workers import create_workers_backend
+from tx.backends.torch.workers.backend import split_by_tokens
+from tx.types import AdamParams, LoraConfig, UserError
+
+LORA = LoraConfig(rank=4, seed=3)
+# Uneven lengths, so the workers' shares differ; 3 datums over 2 workers
+DATA = sft_data(seed=0, count=2, length=17) + sft_data(seed=1, count=1, length=9)
+STEPS = [AdamParams(learning_rate=5e-3), AdamParams(learning_rate=5e-3, grad_clip_norm=0.5),
+         AdamParams(learning_rate=5e-3, weight_decay=0.1)]
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_model_dir):
+    backend = create_workers_backend({TINY_NAME: tiny_model_dir}, 2, device="cpu", threads=1)
+    yield backend
+    backend.close()
+
+
+def run_steps(backend, model_id, steps=STEPS):
+    """(loss, grad_norm) of each step, and the forward_only logprobs after them."""
+    history = []
+    for adam in steps:
+        loss = backend.forward_backward(model_id, ce(DATA)).metrics["loss:sum"]
+        history.append((loss, backend.optim_step(model_id, adam).metrics["grad_norm"]))
+    logprobs = [o["logprobs"] for o in backend.forward_backward(model_id, ce(DATA, forward_only=True)).loss_fn_outputs]
+    return history, logprobs
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_two_workers_train_exactly_like_one_process(backend, workers):
+    backend.create_model("one", TINY_NAME, LORA)
+    workers.create_model("two", TINY_NAME, LORA)
+    assert_same_weights(snapshot(backend, "one"), dict(workers.iter_trainable_weights("two")))
+
+    one, one_logprobs = run_steps(backend, "one")
+    two, two_logprobs = run_steps(workers, "two")
+
+    np.testing.assert_allclose(np.array(two), np.array(one), atol=1e-5, rtol=1e-6)
+    assert one[-1][0] < one[0][0]  # it learns
+    assert [lp.shape for lp in two_logprobs] == [lp.shape for lp in one_logprobs]
+    for a, b in zip(one_logprobs, two_logprobs):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+    assert_same_weights(snapshot(backend, "one"), dict(workers.iter_trainable_weights("two")))
+    workers.delete_model("two")
+    assert not workers.has_model("two")
+
+
+def test_checkpoints_cross_load_between_one_and_two_workers(backend, workers, tmp_path):
+    backend.create_model("one", TINY_NAME, LORA)
+    workers.create_model("two", TINY_NAME, LORA)
+    run_steps(backend, "one", STEPS[:2])
+    backend.save_state("one", tmp_path / "from-one")
+    workers.load_state("two", tmp_path / "from-one", with_optimizer=True)  # 1 -> 2
+    workers.save_state("two", tmp_path / "from-two")
+    backend.create_model("again", TINY_NAME, LoraConfig(rank=4, seed=9))
+    backend.load_state("again", tmp_path / "from-two", with_optimizer=True)  # 2 -> 1
+
+    expected, _ = run_steps(backend, "one", STEPS[2:])
+    np.testing.assert_allclose(np.array(run_steps(workers, "two", STEPS[2:])[0]), np.array(expected), atol=1e-5)
+    np.testing.assert_allclose(np.array(run_steps(backend, "again", STEPS[2:])[0]), np.array(expected), atol=1e-5)
+
+    workers.save_sampler_weights("two", tmp_path / "sampler")
+    assert {p.name for p in (tmp_path / "sampler").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    with pytest.raises(UserError, match="LoRA config"):
+        workers.create_model("other", TINY_NAME, LoraConfig(rank=8, seed=0))
+        workers.load_state("other", tmp_path / "from-one", with_optimizer=False)
+
+
+def test_bad_input_is_a_user_error_and_the_group_carries_on(workers):
+    workers.create_model("bad", TINY_NAME, LORA)
+    bad = sft_data(seed=0, count=3, length=9)
+    bad[2].loss_fn_inputs["target_tokens"][0] = 10**6
+    with pytest.raises(UserError, match="datum 2"):
+        workers.forward_backward("bad", ce(bad))
+    assert workers.forward_backward("bad", ce(DATA[:1])).metrics["loss:sum"] > 0  # one datum: one worker idles
+
+
+def test_split_by_tokens_keeps_order_and_balances():
+    data = sft_data(seed=0, count=4, length=9) + sft_data(seed=0, count=1, length=33)
+    shares = split_by_tokens(data, 2)
+    assert [d for share in shares for d in share] == data
+    assert [len(s) for s in shares] == [4, 1]
+    assert sum(len(s) for s in split_by_tokens(data[:1], 3)) == 1
+
+
+def test_a_killed_worker_fails_the_step_and_the_group_restarts(workers):  # last: it replaces the group
+    workers.create_model("victim", TINY_NAME, LORA)
+    os.kill(workers._group.pids()[1], signal.SIGKILL)  # rank 0 then blocks in the step's first collective
+    with pytest.raises(RuntimeError, match="trainer worker 1 .* died .* during forward_backward"):
+        workers.forward_backward("victim", ce(DATA))
+    assert workers._group is None  # the rest of the group was killed
+    with pytest.raises(UserError, match="create_training_client_from_state"):
+        workers.optim_step("victim", AdamParams())
+    workers.create_model("fresh", TINY_NAME, LORA)  # a new group
+    assert workers.forward_backward("fresh", ce(DATA)).metrics["loss:sum"] > 0

@@ -1,0 +1,279 @@
+"""`WorkersBackend`: the torch trainer on N worker processes (FSDP2), driven from the API process.
+
+The API process keeps the `TrainingBackend` seam: this class checks a call the way the in-process trainer
+would (so errors name the user's datum indices), splits a forward_backward's datums across the workers by
+token count (contiguous shares, so outputs come back in order), and sends every worker its share over the
+control channel (`messages.py`). The workers run the ordinary trainer code on their share (`sharded.py`);
+FSDP sums the gradients across them. Tensors the API process needs (checkpoints, weights for the engines)
+are gathered on rank 0 and come back as safetensors; checkpoints are written here in today's formats
+(`checkpoint.py`), so a checkpoint saved with N workers loads with M.
+
+Faults: a worker that dies fails the call in flight with a server error; the rest of its group is killed
+(it may be blocked in a collective), the runs it held are marked lost, and the next call starts a new
+group. A lost run answers a UserError that tells the user to restore from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tx.backends.base import TrainingBackend
+from tx.backends.torch import checkpoint
+from tx.backends.torch.backend import _check_compatible
+from tx.backends.torch.batch import pack_batch
+from tx.backends.torch.lora import peft_config_for
+from tx.backends.torch.losses import get_loss
+from tx.backends.torch.model import read_model_info
+from tx.backends.torch.workers import tensors
+from tx.backends.torch.workers.group import Message, WorkerDied, WorkerGroup
+from tx.backends.torch.workers.messages import Reply, Request, WireAdam, WireBatch, WireLora
+from tx.multimodal import ImageLimits, vision_processor
+from tx.types import (
+    AdamParams,
+    BaseModelInfo,
+    ConflictError,
+    Datum,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    LoraConfig,
+    NotFoundError,
+    OptimStepResult,
+    TextChunk,
+    UserError,
+)
+
+logger = logging.getLogger(__name__)
+_CPU = torch.device("cpu")
+_ERRORS = {"user": UserError, "not_found": NotFoundError, "conflict": ConflictError}
+
+
+@dataclass(frozen=True)
+class _RunInfo:
+    base_model: str
+    lora: LoraConfig
+
+
+class WorkersBackend(TrainingBackend):
+    def __init__(
+        self, models: dict[str, Path], start_group: Callable[[], WorkerGroup], *,
+        image_limits: ImageLimits | None = None,
+    ) -> None:
+        """`start_group` starts a fresh, joined worker group (on the first call and after a fault)."""
+        self._paths = {name: Path(path) for name, path in models.items()}
+        self._start_group = start_group
+        self._image_limits = image_limits or ImageLimits()
+        self._infos: dict[str, BaseModelInfo] = {}
+        self._group: WorkerGroup | None = None
+        self._runs: dict[str, _RunInfo] = {}
+        self._lost: dict[str, str] = {}  # model_id -> why
+        self._lock = threading.Lock()  # one call on the group at a time
+
+    # ---- base models ----
+
+    def base_model_info(self, base_model: str) -> BaseModelInfo:
+        if base_model not in self._paths:
+            raise NotFoundError(f"base model {base_model!r} is not served here (served: {sorted(self._paths)})")
+        if base_model not in self._infos:
+            self._infos[base_model] = read_model_info(base_model, self._paths[base_model])
+        return self._infos[base_model]
+
+    def served_models(self) -> list[BaseModelInfo]:
+        return [self.base_model_info(name) for name in self._paths]
+
+    # ---- runs ----
+
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+        if model_id in self._runs:
+            raise ConflictError(f"model {model_id!r} already exists")
+        lora.validate()
+        self.base_model_info(base_model)
+        seeded = lora if lora.seed is not None else dataclasses.replace(lora, seed=secrets.randbits(63))
+        request = Request(op="create_model", model_id=model_id, base_model=base_model,
+                          lora=WireLora(**dataclasses.asdict(seeded)))
+        self._all(request)
+        self._lost.pop(model_id, None)
+        self._runs[model_id] = _RunInfo(base_model, lora)
+
+    def has_model(self, model_id: str) -> bool:
+        return model_id in self._runs
+
+    def delete_model(self, model_id: str) -> None:
+        if self._lost.pop(model_id, None) is not None:
+            return
+        self._run(model_id)
+        self._all(Request(op="delete_model", model_id=model_id))
+        del self._runs[model_id]
+
+    def _run(self, model_id: str) -> _RunInfo:
+        if model_id in self._lost:
+            raise UserError(
+                f"model {model_id!r} was lost: {self._lost[model_id]}. Restore it from its last checkpoint "
+                "(ServiceClient.create_training_client_from_state)"
+            )
+        if model_id not in self._runs:
+            raise NotFoundError(f"model {model_id!r} is not loaded")
+        return self._runs[model_id]
+
+    # ---- training ----
+
+    def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
+        run = self._run(model_id)
+        self._check_batch(run, batch)
+        shares = split_by_tokens(batch.data, self._size())
+        messages = {rank: (Request(op="forward_backward", model_id=model_id, batch=WireBatch.of(batch, share)), b"")
+                    for rank, share in enumerate(shares)}
+        replies = self._call(messages)
+        outputs = [{k: v.array() for k, v in out.items()} for rank in sorted(replies)
+                   for out in replies[rank][0].outputs]
+        return ForwardBackwardResult(loss_fn_outputs=outputs,
+                                     metrics=combine_metrics([replies[r][0].metrics for r in sorted(replies)],
+                                                             [len(s) for s in shares]))
+
+    def _check_batch(self, run: _RunInfo, batch: ForwardBackwardInput) -> None:
+        """The in-process trainer's checks, on the whole batch, before any worker starts a collective."""
+        loss_fn = get_loss(batch.loss_fn)
+        loss_fn.resolve_config(batch.loss_fn_config)
+        vision = vision_processor(self._paths[run.base_model])
+        pack_batch(batch.data, loss_fn, self.base_model_info(run.base_model), _CPU, vision, self._image_limits)
+
+    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+        adam.validate()
+        self._run(model_id)
+        reply, _ = self._all(Request(op="optim_step", model_id=model_id,
+                                     adam=WireAdam(**dataclasses.asdict(adam))))
+        return OptimStepResult(metrics=reply.metrics)
+
+    # ---- checkpoints ----
+
+    def save_state(self, model_id: str, directory: Path) -> None:
+        run = self._run(model_id)
+        reply, payload = self._all(Request(op="read_state", model_id=model_id))
+        named = tensors.from_bytes(payload)
+        assert reply.optimizer_meta is not None
+        optimizer = tensors.unflatten_optimizer(tensors.split_prefixed(named, "o/"), reply.optimizer_meta)
+        checkpoint.write_state(directory, run.base_model, run.lora, tensors.split_prefixed(named, "w/"), optimizer)
+
+    def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
+        run = self._run(model_id)
+        base_model, lora = self.read_state_config(directory)
+        _check_compatible(run, base_model, lora, directory)  # type: ignore[arg-type]
+        named = {f"w/{k}": v for k, v in checkpoint.read_weights(directory, _CPU).items()}
+        meta = None
+        if with_optimizer:
+            moments, meta = tensors.flatten_optimizer(checkpoint.read_optimizer_state(directory, _CPU))
+            named.update({f"o/{k}": v for k, v in moments.items()})
+        request = Request(op="write_state", model_id=model_id, directory=str(directory), optimizer_meta=meta)
+        self._all(request, tensors.to_bytes(named))
+
+    def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
+        return checkpoint.read_state_config(directory)
+
+    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
+        run = self._run(model_id)
+        weights = dict(self.iter_trainable_weights(model_id))
+        checkpoint.write_sampler_weights(directory, run.base_model, peft_config_for(run.lora), weights)
+
+    def iter_trainable_weights(self, model_id: str) -> Iterator[tuple[str, Any]]:
+        """The run's LoRA tensors, gathered on rank 0 and copied here (CPU tensors)."""
+        self._run(model_id)
+        _, payload = self._all(Request(op="read_lora", model_id=model_id))
+        yield from tensors.from_bytes(payload).items()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._group is not None:
+                self._group.close()
+                self._group = None
+
+    # ---- the group ----
+
+    def _size(self) -> int:
+        return self._ensure_group().size
+
+    def _ensure_group(self) -> WorkerGroup:
+        if self._group is None:
+            self._group = self._start_group()
+        return self._group
+
+    def _all(self, request: Request, payload: bytes = b"") -> tuple[Reply, bytes]:
+        """Send `request` to every worker; rank 0's reply."""
+        return self._call({rank: (request, payload) for rank in range(self._size())})[0]
+
+    def _call(self, messages: dict[int, Message]) -> dict[int, tuple[Reply, bytes]]:
+        """Every worker's reply. A worker's user error is raised as such (every rank rejects bad input the
+        same way, before any collective); any other failure breaks the group."""
+        with self._lock:
+            group = self._ensure_group()
+            op = next(iter(messages.values()))[0].op
+            try:
+                replies = group.call(messages)
+            except WorkerDied as exc:
+                self._lose_group(str(exc))
+                raise RuntimeError(f"{exc} during {op}; the trainer workers restart on the next call") from exc
+        errors = [reply for reply, _ in replies.values() if not reply.ok]
+        if errors and all(reply.error_kind in _ERRORS for reply in errors) and len(errors) == len(replies):
+            raise _ERRORS[errors[0].error_kind](errors[0].error)
+        if errors:
+            with self._lock:
+                self._lose_group(f"a trainer worker failed in {op}: {errors[0].error}")
+            raise RuntimeError(f"trainer worker failed in {op}: {errors[0].error}; the trainer workers restart "
+                               "on the next call")
+        return replies
+
+    def _lose_group(self, why: str) -> None:
+        if self._group is not None:
+            self._group.close(kill=True)
+            self._group = None
+        for model_id in self._runs:
+            self._lost[model_id] = f"its trainer workers failed ({why})"
+        self._runs.clear()
+        logger.error("trainer worker group lost (%s); runs lost: %s", why, sorted(self._lost))
+
+
+def split_by_tokens(data: list[Datum], parts: int) -> list[list[Datum]]:
+    """`data` cut into `parts` contiguous shares of about equal token counts (some may be empty)."""
+    sizes = [_tokens(d) for d in data]
+    total, shares, start, seen = sum(sizes), [], 0, 0
+    for part in range(1, parts + 1):
+        end = start
+        while end < len(data) and (part == parts or seen + sizes[end] / 2 <= total * part / parts):
+            seen += sizes[end]
+            end += 1
+        shares.append(data[start:end])
+        start = end
+    return shares
+
+
+def _tokens(datum: Datum) -> int:
+    return sum(len(c.tokens) if isinstance(c, TextChunk) else (c.expected_tokens or 1)
+               for c in datum.model_input.chunks)
+
+
+def combine_metrics(metrics: list[dict[str, float]], counts: list[int]) -> dict[str, float]:
+    """Per-worker `name:reduction` metrics as one: sums add, max/min pick, means weigh by datum count (a
+    worker without datums counts only in sums)."""
+    busy = [m for m, c in zip(metrics, counts) if c] or metrics[:1]
+    counts = [c for c in counts if c] or [0]
+    combined: dict[str, float] = {}
+    for name in busy[0]:
+        values = [m[name] for m in busy if name in m]
+        reduction = name.rsplit(":", 1)[-1]
+        if reduction == "max":
+            combined[name] = max(values)
+        elif reduction == "min":
+            combined[name] = min(values)
+        elif reduction == "mean":
+            weights = [c for m, c in zip(busy, counts) if name in m]
+            combined[name] = sum(v * w for v, w in zip(values, weights)) / max(1, sum(weights))
+        else:
+            combined[name] = sum(values)
+    return combined

@@ -1,0 +1,129 @@
+"""A group of trainer workers as local processes, and what the coordinator needs of any group.
+
+`LocalWorkers` starts `python -m tx.backends.torch.workers.worker` N times (the same interpreter and
+environment as the server) and talks to each over its stdin/stdout pipes. A reader thread per worker turns
+its replies into a queue, so a call waits on all workers at once and notices at once when one dies (its
+pipe closes): the others may then be blocked in a collective, so the whole group is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Protocol
+
+from tx.backends.torch.workers.messages import Reply, Request, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
+Message = tuple[Request, bytes]
+
+
+class WorkerDied(RuntimeError):
+    """A trainer worker exited or stopped answering; the group it belonged to is gone."""
+
+
+class WorkerGroup(Protocol):
+    size: int
+
+    def call(self, messages: dict[int, Message]) -> dict[int, tuple[Reply, bytes]]:
+        """Send each rank its message and wait for all their replies; WorkerDied if a worker is lost."""
+
+    def close(self, *, kill: bool = False) -> None:
+        """Stop every worker; `kill` when the group is broken (its workers may be blocked in a collective)."""
+
+
+def start_group(group: WorkerGroup, host: str) -> WorkerGroup:
+    """Rendezvous: rank 0 opens the store on `host`, then every rank joins the process group through it."""
+    try:
+        hello, _ = group.call({0: (Request(op="hello", address=host), b"")})[0]
+        if hello.ok:
+            join = Request(op="join", address=hello.address)
+            replies = group.call({rank: (join, b"") for rank in range(group.size)})
+            hello = next((reply for reply, _ in replies.values() if not reply.ok), hello)
+        if not hello.ok:
+            raise WorkerDied(f"trainer workers could not form a group: {hello.error}")
+    except BaseException:
+        group.close(kill=True)
+        raise
+    return group
+
+
+class LocalWorkers:
+    def __init__(self, size: int, models: dict[str, Path], device: str, threads: int) -> None:
+        self.size = size
+        self._procs: list[subprocess.Popen] = []
+        self._queues: list[queue.Queue] = []
+        models_json = json.dumps({name: str(path) for name, path in models.items()})
+        for rank in range(size):
+            cmd = [sys.executable, "-m", "tx.backends.torch.workers.worker", "--rank", str(rank),
+                   "--world-size", str(size), "--models", models_json, "--device", device, "--threads", str(threads)]
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ))
+            replies: queue.Queue = queue.Queue()
+            threading.Thread(target=_read_replies, args=(proc, replies), daemon=True,
+                             name=f"trainer-worker-{rank}-replies").start()
+            self._procs.append(proc)
+            self._queues.append(replies)
+        logger.info("started %d trainer workers: pids %s", size, [p.pid for p in self._procs])
+
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self._procs]
+
+    def call(self, messages: dict[int, Message]) -> dict[int, tuple[Reply, bytes]]:
+        for rank, (request, payload) in messages.items():
+            try:
+                write_frame(self._procs[rank].stdin, request, payload)  # type: ignore[arg-type]
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                raise self._died(rank) from exc
+        replies: dict[int, tuple[Reply, bytes]] = {}
+        pending = set(messages)
+        while pending:
+            for rank in sorted(pending):
+                try:
+                    item = self._queues[rank].get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if item is None:
+                    raise self._died(rank)
+                replies[rank] = item
+                pending.discard(rank)
+        return replies
+
+    def _died(self, rank: int) -> WorkerDied:
+        proc = self._procs[rank]
+        try:
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        return WorkerDied(f"trainer worker {rank} (pid {proc.pid}) died" +
+                          (f" with exit code {code}" if code is not None else ""))
+
+    def close(self, *, kill: bool = False) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                if kill:
+                    proc.kill()
+                elif proc.stdin is not None:
+                    try:
+                        proc.stdin.close()  # an idle worker exits on EOF
+                    except OSError:
+                        pass
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def _read_replies(proc: subprocess.Popen, replies: queue.Queue) -> None:
+    try:
+        while True:
+            replies.put(read_frame(proc.stdout, Reply))  # type: ignore[arg-type]
+    except (EOFError, OSError, ValueError):
+        replies.put(None)

@@ -1,0 +1,114 @@
+"""One run's model sharded over the worker group with FSDP2, driven by the ordinary torch trainer code.
+
+A `ShardedTorchBackend` is a `TorchBackend` that hosts exactly one run: the base model is loaded, the run's
+PEFT LoRA adapter is added (seeded identically on every rank), and then `fully_shard` is applied to every
+transformer block (the model's `_no_split_modules`) and to the root. So the frozen base, the LoRA tensors
+and AdamW's moments are all sharded over the group; forward and backward all-gather a block's parameters
+when they need them, and backward reduce-scatters the LoRA gradients.
+
+Losses are SUMS over tokens (`losses.py`), and each rank runs its share of the datums, so gradients must be
+summed across ranks, not averaged: every FSDP module divides by 1 and reduces with a plain SUM (gloo has
+no pre-multiplied sum). The sum of the ranks' losses and the gradients then equal a one-process run.
+
+Every rank must run the same collectives in the same order: each `forward_backward` is one pass on every
+rank, and a rank without datums runs a pass on one token whose loss is multiplied by zero (`idle_pass`).
+
+Each run holds its own sharded copy of the base model (1/N of it on each worker): adapters cannot be added
+to a model FSDP has already sharded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from tx.backends.torch.backend import TorchBackend, _copy_weights
+from tx.backends.torch.optim import new_optimizer
+from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig, UserError
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly sharded) one; a collective when it is sharded."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`value` (the whole tensor, the same on every rank) sharded as `param` is; no communication."""
+    if isinstance(param, DTensor) and value.shape == param.shape:
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+    return value
+
+
+class ShardedTorchBackend(TorchBackend):
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+        super().create_model(model_id, base_model, lora)
+        run = self._runs[model_id]
+        host = self._hosts[base_model]
+        host.activate(run.adapter)
+        blocks = set(getattr(host.model, "_no_split_modules", None) or ())
+        for module in host.model.modules():
+            if type(module).__name__ in blocks:
+                fully_shard(module)
+        fully_shard(host.model)  # the root: the module a pass calls (`AdapterHost.logits`)
+        for module in host.model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+        run.params = host.parameters(run.adapter)  # FSDP replaced them with sharded ones
+        run.optimizer = new_optimizer(run.params.values())
+
+    def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
+        if batch.data:
+            return super().forward_backward(model_id, batch)
+        self.idle_pass(model_id, backward=not batch.forward_only)
+        return ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
+
+    def idle_pass(self, model_id: str, *, backward: bool) -> None:
+        """A pass on one token that adds nothing: it keeps this rank in step with ranks that have data."""
+        run = self._run(model_id)
+        host = self._hosts[run.base_model]
+        host.activate(run.adapter)
+        tokens = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        with torch.set_grad_enabled(backward):
+            zero = host.logits(tokens, None).sum() * 0.0
+        if backward:
+            zero.backward()
+
+    def lora_weights(self, model_id: str) -> dict[str, torch.Tensor]:
+        """The run's whole LoRA tensors by PEFT file name (collective: every rank calls it)."""
+        return {name: full(param.detach()) for name, param in self._run(model_id).params.items()}
+
+    def optimizer_state(self, model_id: str) -> dict:
+        """The run's whole AdamW state dict (collective)."""
+        state = self._run(model_id).optimizer.state_dict()
+        state["state"] = {i: {k: full(v) for k, v in entry.items()} for i, entry in state["state"].items()}
+        return state
+
+    def write_weights(
+        self, model_id: str, weights: dict[str, torch.Tensor], optimizer_state: dict | None, directory: Path
+    ) -> None:
+        """Set the run's LoRA tensors (and AdamW state, else a fresh AdamW) from checkpoint `directory`;
+        gradients are dropped.
+
+        Every rank gets the same whole tensors and keeps its own shard of them, so this needs no collective,
+        and a bad checkpoint fails the same way on every rank."""
+        run = self._run(model_id)
+        shards = {name: like(value, run.params[name]) if name in run.params else value
+                  for name, value in weights.items()}
+        _copy_weights(run, shards, directory)
+        run.zero_grad()
+        run.optimizer = new_optimizer(run.params.values())
+        if optimizer_state is None:
+            return
+        params = list(run.params.values())
+        try:
+            for index, entry in optimizer_state["state"].items():
+                for key, value in entry.items():
+                    entry[key] = like(value, params[index])
+            run.optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, IndexError, RuntimeError) as exc:
+            raise UserError(f"optimizer state in {directory} does not fit {model_id}: {exc}") from exc
+

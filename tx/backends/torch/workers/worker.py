@@ -1,0 +1,151 @@
+"""A trainer worker: one rank of the torch.distributed group, hosting sharded runs (`sharded.py`).
+
+`Worker.handle` answers one control `Request` (see `messages.py`); the transports around it are a local
+process speaking frames on its stdin/stdout (`main`, started by `group.LocalWorkers`) or a Ray actor
+(`ray_workers.py`). Rendezvous: rank 0 opens a TCPStore on a free port ("hello"), then every rank joins
+the group through it ("join"). Every rank gets every request of a step, in the same order, so the ranks'
+collectives line up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tx.backends.torch.workers import tensors
+from tx.backends.torch.workers.messages import Reply, Request, WireArray, read_frame, write_frame
+from tx.backends.torch.workers.sharded import ShardedTorchBackend
+from tx.types import ConflictError, NotFoundError, UserError
+
+logger = logging.getLogger(__name__)
+GROUP_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+class Worker:
+    def __init__(self, rank: int, world_size: int, models: dict[str, str], device: str) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.models = {name: Path(path) for name, path in models.items()}
+        self.device = torch.device(device)
+        self._store: dist.TCPStore | None = None
+        self._runs: dict[str, ShardedTorchBackend] = {}
+
+    def handle(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
+        try:
+            return self._dispatch(request, payload)
+        except (UserError, NotFoundError, ConflictError) as exc:
+            kind = {UserError: "user", NotFoundError: "not_found", ConflictError: "conflict"}[type(exc)]
+            return Reply(ok=False, error=str(exc), error_kind=kind), b""
+        except Exception as exc:  # noqa: BLE001 - reported to the API process, which fails the call
+            logger.exception("worker %d: %s failed", self.rank, request.op)
+            return Reply(ok=False, error=f"{type(exc).__name__}: {exc}", error_kind="server"), b""
+
+    def _dispatch(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
+        op, model_id = request.op, request.model_id
+        if op == "hello":
+            return Reply(address=self._open_store(request.address)), b""
+        if op == "join":
+            self._join(request.address)
+            return Reply(), b""
+        if op == "create_model":
+            assert request.lora is not None
+            backend = ShardedTorchBackend(self.models, device=str(self.device))
+            backend.create_model(model_id, request.base_model, request.lora.lora())
+            self._runs[model_id] = backend
+            return Reply(), b""
+        backend = self._run(model_id)
+        if op == "delete_model":
+            del self._runs[model_id]
+            return Reply(), b""
+        if op == "forward_backward":
+            assert request.batch is not None
+            result = backend.forward_backward(model_id, request.batch.batch())
+            outputs = [{k: WireArray.of(v) for k, v in out.items()} for out in result.loss_fn_outputs]
+            return Reply(metrics=result.metrics, outputs=outputs), b""
+        if op == "optim_step":
+            assert request.adam is not None
+            return Reply(metrics=backend.optim_step(model_id, request.adam.adam()).metrics), b""
+        if op == "read_lora":
+            weights = backend.lora_weights(model_id)
+            return Reply(), tensors.to_bytes(weights) if self.rank == 0 else b""
+        if op == "read_state":
+            weights = backend.lora_weights(model_id)
+            moments, meta = tensors.flatten_optimizer(backend.optimizer_state(model_id))
+            named = {**{f"w/{k}": v for k, v in weights.items()}, **{f"o/{k}": v for k, v in moments.items()}}
+            return Reply(optimizer_meta=meta), tensors.to_bytes(named) if self.rank == 0 else b""
+        if op == "write_state":
+            named = tensors.from_bytes(payload)
+            optimizer = None
+            if request.optimizer_meta is not None:
+                optimizer = tensors.unflatten_optimizer(tensors.split_prefixed(named, "o/"), request.optimizer_meta)
+            weights = tensors.split_prefixed(named, "w/")
+            backend.write_weights(model_id, weights, optimizer, Path(request.directory))
+            return Reply(), b""
+        raise ValueError(f"unknown op {op!r}")
+
+    def _run(self, model_id: str) -> ShardedTorchBackend:
+        if model_id not in self._runs:
+            raise NotFoundError(f"model {model_id!r} is not loaded on trainer worker {self.rank}")
+        return self._runs[model_id]
+
+    def _open_store(self, host: str) -> str:
+        """Rank 0: a TCPStore on a free port of `host`; its address for the other ranks."""
+        self._store = dist.TCPStore(host, 0, self.world_size, is_master=True, wait_for_workers=False)
+        return f"{host}:{self._store.port}"
+
+    def _join(self, address: str) -> None:
+        host, port = address.rsplit(":", 1)
+        if self._store is None:
+            self._store = dist.TCPStore(host, int(port), self.world_size, is_master=False)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size,
+                                timeout=GROUP_TIMEOUT)
+        logger.info("trainer worker %d/%d joined (%s on %s)", self.rank, self.world_size, backend, self.device)
+
+
+def worker_device(device: str, local_rank: int) -> str:
+    """"auto"/"cuda" -> this worker's GPU (cuda:local_rank) when there is one, else cpu."""
+    if device in ("auto", "cuda"):
+        return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A local worker process: requests on stdin, replies on the original stdout (fd 1 then goes to stderr, so
+    stray prints of libraries cannot corrupt the channel)."""
+    parser = argparse.ArgumentParser(description="a tx trainer worker (started by tx serve)")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--models", required=True, help="JSON: served name -> model directory")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args(argv)
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    logging.basicConfig(level=os.environ.get("TX_LOG_LEVEL", "INFO"),
+                        format=f"%(asctime)s %(levelname)s trainer-worker-{args.rank} %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    worker = Worker(args.rank, args.world_size, json.loads(args.models), worker_device(args.device, args.rank))
+    requests = sys.stdin.buffer
+    while True:
+        try:
+            request, payload = read_frame(requests, Request)
+        except EOFError:
+            break  # the API process closed the channel (or is gone)
+        reply, out = worker.handle(request, payload)
+        write_frame(replies, reply, out)
+    os._exit(0)  # no teardown of the group: its peers are stopping too, and nothing here needs saving
+
+
+if __name__ == "__main__":
+    main()
