@@ -12,13 +12,27 @@ from backend_helpers import TINY_NAME, ce, sft_data, snapshot
 
 from tx.backends.torch.workers import create_workers_backend
 from tx.backends.torch.workers.backend import split_by_tokens
-from tx.types import AdamParams, LoraConfig, UserError
+from tx.backends.torch.workers.messages import WireDatum
+from tx.types import (
+    AdamParams,
+    Datum,
+    ImageAssetPointer,
+    ImageChunk,
+    LoraConfig,
+    ModelInput,
+    ProvenanceSpan,
+    TextChunk,
+    UserError,
+)
 
 LORA = LoraConfig(rank=4, seed=3)
 # Uneven lengths, so the workers' shares differ; 3 datums over 2 workers
 DATA = sft_data(seed=0, count=2, length=17) + sft_data(seed=1, count=1, length=9)
-STEPS = [AdamParams(learning_rate=5e-3), AdamParams(learning_rate=5e-3, grad_clip_norm=0.5),
-         AdamParams(learning_rate=5e-3, weight_decay=0.1)]
+STEPS = [
+    AdamParams(learning_rate=5e-3),
+    AdamParams(learning_rate=5e-3, grad_clip_norm=0.5),
+    AdamParams(learning_rate=5e-3, weight_decay=0.1),
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +48,9 @@ def run_steps(backend, model_id, steps=STEPS):
     for adam in steps:
         loss = backend.forward_backward(model_id, ce(DATA)).metrics["loss:sum"]
         history.append((loss, backend.optim_step(model_id, adam).metrics["grad_norm"]))
-    logprobs = [o["logprobs"] for o in backend.forward_backward(model_id, ce(DATA, forward_only=True)).loss_fn_outputs]
+    logprobs = [
+        o["logprobs"] for o in backend.forward_backward(model_id, ce(DATA, forward_only=True)).loss_fn_outputs
+    ]
     return history, logprobs
 
 
@@ -73,11 +89,18 @@ def test_checkpoints_cross_load_between_one_and_two_workers(backend, workers, tm
     backend.load_state("again", tmp_path / "from-two", with_optimizer=True)  # 2 -> 1
 
     expected, _ = run_steps(backend, "one", STEPS[2:])
-    np.testing.assert_allclose(np.array(run_steps(workers, "two", STEPS[2:])[0]), np.array(expected), atol=1e-5)
-    np.testing.assert_allclose(np.array(run_steps(backend, "again", STEPS[2:])[0]), np.array(expected), atol=1e-5)
+    np.testing.assert_allclose(
+        np.array(run_steps(workers, "two", STEPS[2:])[0]), np.array(expected), atol=1e-5
+    )
+    np.testing.assert_allclose(
+        np.array(run_steps(backend, "again", STEPS[2:])[0]), np.array(expected), atol=1e-5
+    )
 
     workers.save_sampler_weights("two", tmp_path / "sampler")
-    assert {p.name for p in (tmp_path / "sampler").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    assert {p.name for p in (tmp_path / "sampler").iterdir()} == {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    }
     with pytest.raises(UserError, match="LoRA config"):
         workers.create_model("other", TINY_NAME, LoraConfig(rank=8, seed=0))
         workers.load_state("other", tmp_path / "from-one", with_optimizer=False)
@@ -89,7 +112,9 @@ def test_bad_input_is_a_user_error_and_the_group_carries_on(workers):
     bad[2].loss_fn_inputs["target_tokens"][0] = 10**6
     with pytest.raises(UserError, match="datum 2"):
         workers.forward_backward("bad", ce(bad))
-    assert workers.forward_backward("bad", ce(DATA[:1])).metrics["loss:sum"] > 0  # one datum: one worker idles
+    assert (
+        workers.forward_backward("bad", ce(DATA[:1])).metrics["loss:sum"] > 0
+    )  # one datum: one worker idles
 
 
 def test_split_by_tokens_keeps_order_and_balances():
@@ -98,6 +123,21 @@ def test_split_by_tokens_keeps_order_and_balances():
     assert [d for share in shares for d in share] == data
     assert [len(s) for s in shares] == [4, 1]
     assert sum(len(s) for s in split_by_tokens(data[:1], 3)) == 1
+
+
+def test_datums_cross_the_control_channel_unchanged():
+    datum = Datum(
+        ModelInput(
+            (TextChunk((1, 2)), ImageChunk(b"\x89PNG", "png", 4), ImageAssetPointer("file:///a.png", "png"))
+        ),
+        {"target_tokens": np.arange(6, dtype=np.int64).reshape(3, 2), "weights": np.ones(3, np.float32)},
+        (ProvenanceSpan("s", 0, 3, True),),
+    )
+    back = WireDatum.model_validate_json(WireDatum.of(datum).model_dump_json()).datum()
+    assert back.model_input == datum.model_input and back.loss_fn_input_spans == datum.loss_fn_input_spans
+    for key, value in datum.loss_fn_inputs.items():
+        assert back.loss_fn_inputs[key].dtype == value.dtype
+        np.testing.assert_array_equal(back.loss_fn_inputs[key], value)
 
 
 def test_a_killed_worker_fails_the_step_and_the_group_restarts(workers):  # last: it replaces the group

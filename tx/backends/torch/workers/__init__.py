@@ -15,10 +15,17 @@ from tx.multimodal import ImageLimits
 
 
 def create_workers_backend(
-    models: dict[str, Path], size: int, *, device: str = "auto", image_limits: ImageLimits | None = None,
+    models: dict[str, Path],
+    size: int,
+    *,
+    device: str = "auto",
+    image_limits: ImageLimits | None = None,
     threads: int = 0,
 ) -> WorkersBackend:
     """`size` local worker processes; on CPU each gets an equal share of the cores unless `threads` is set."""
     threads = threads or max(1, (os.cpu_count() or 1) // size)
-    return WorkersBackend(models, lambda: start_group(LocalWorkers(size, models, device, threads), "127.0.0.1"),
-                          image_limits=image_limits)
+    return WorkersBackend(
+        models,
+        lambda: start_group(LocalWorkers(size, models, device, threads), "127.0.0.1"),
+        image_limits=image_limits,
+    )

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from tx.backends.base import TrainingBackend
+from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.backend import _check_compatible
 from tx.backends.torch.batch import pack_batch
 from tx.backends.torch.lora import peft_config_for
-from tx.backends.torch.losses import get_loss
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.workers import tensors
 from tx.backends.torch.workers.group import Message, WorkerDied, WorkerGroup
@@ -64,7 +64,10 @@ class _RunInfo:
 
 class WorkersBackend(TrainingBackend):
     def __init__(
-        self, models: dict[str, Path], start_group: Callable[[], WorkerGroup], *,
+        self,
+        models: dict[str, Path],
+        start_group: Callable[[], WorkerGroup],
+        *,
         image_limits: ImageLimits | None = None,
     ) -> None:
         """`start_group` starts a fresh, joined worker group (on the first call and after a fault)."""
@@ -81,7 +84,9 @@ class WorkersBackend(TrainingBackend):
 
     def base_model_info(self, base_model: str) -> BaseModelInfo:
         if base_model not in self._paths:
-            raise NotFoundError(f"base model {base_model!r} is not served here (served: {sorted(self._paths)})")
+            raise NotFoundError(
+                f"base model {base_model!r} is not served here (served: {sorted(self._paths)})"
+            )
         if base_model not in self._infos:
             self._infos[base_model] = read_model_info(base_model, self._paths[base_model])
         return self._infos[base_model]
@@ -97,8 +102,12 @@ class WorkersBackend(TrainingBackend):
         lora.validate()
         self.base_model_info(base_model)
         seeded = lora if lora.seed is not None else dataclasses.replace(lora, seed=secrets.randbits(63))
-        request = Request(op="create_model", model_id=model_id, base_model=base_model,
-                          lora=WireLora(**dataclasses.asdict(seeded)))
+        request = Request(
+            op="create_model",
+            model_id=model_id,
+            base_model=base_model,
+            lora=WireLora(**dataclasses.asdict(seeded)),
+        )
         self._all(request)
         self._lost.pop(model_id, None)
         self._runs[model_id] = _RunInfo(base_model, lora)
@@ -129,27 +138,38 @@ class WorkersBackend(TrainingBackend):
         run = self._run(model_id)
         self._check_batch(run, batch)
         shares = split_by_tokens(batch.data, self._size())
-        messages = {rank: (Request(op="forward_backward", model_id=model_id, batch=WireBatch.of(batch, share)), b"")
-                    for rank, share in enumerate(shares)}
+        messages = {
+            rank: (Request(op="forward_backward", model_id=model_id, batch=WireBatch.of(batch, share)), b"")
+            for rank, share in enumerate(shares)
+        }
         replies = self._call(messages)
-        outputs = [{k: v.array() for k, v in out.items()} for rank in sorted(replies)
-                   for out in replies[rank][0].outputs]
-        return ForwardBackwardResult(loss_fn_outputs=outputs,
-                                     metrics=combine_metrics([replies[r][0].metrics for r in sorted(replies)],
-                                                             [len(s) for s in shares]))
+        outputs = [
+            {k: v.array() for k, v in out.items()}
+            for rank in sorted(replies)
+            for out in replies[rank][0].outputs
+        ]
+        return ForwardBackwardResult(
+            loss_fn_outputs=outputs,
+            metrics=combine_metrics(
+                [replies[r][0].metrics for r in sorted(replies)], [len(s) for s in shares]
+            ),
+        )
 
     def _check_batch(self, run: _RunInfo, batch: ForwardBackwardInput) -> None:
         """The in-process trainer's checks, on the whole batch, before any worker starts a collective."""
         loss_fn = get_loss(batch.loss_fn)
         loss_fn.resolve_config(batch.loss_fn_config)
         vision = vision_processor(self._paths[run.base_model])
-        pack_batch(batch.data, loss_fn, self.base_model_info(run.base_model), _CPU, vision, self._image_limits)
+        pack_batch(
+            batch.data, loss_fn, self.base_model_info(run.base_model), _CPU, vision, self._image_limits
+        )
 
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
         adam.validate()
         self._run(model_id)
-        reply, _ = self._all(Request(op="optim_step", model_id=model_id,
-                                     adam=WireAdam(**dataclasses.asdict(adam))))
+        reply, _ = self._all(
+            Request(op="optim_step", model_id=model_id, adam=WireAdam(**dataclasses.asdict(adam)))
+        )
         return OptimStepResult(metrics=reply.metrics)
 
     # ---- checkpoints ----
@@ -160,7 +180,9 @@ class WorkersBackend(TrainingBackend):
         named = tensors.from_bytes(payload)
         assert reply.optimizer_meta is not None
         optimizer = tensors.unflatten_optimizer(tensors.split_prefixed(named, "o/"), reply.optimizer_meta)
-        checkpoint.write_state(directory, run.base_model, run.lora, tensors.split_prefixed(named, "w/"), optimizer)
+        checkpoint.write_state(
+            directory, run.base_model, run.lora, tensors.split_prefixed(named, "w/"), optimizer
+        )
 
     def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
         run = self._run(model_id)
@@ -218,15 +240,19 @@ class WorkersBackend(TrainingBackend):
                 replies = group.call(messages)
             except WorkerDied as exc:
                 self._lose_group(str(exc))
-                raise RuntimeError(f"{exc} during {op}; the trainer workers restart on the next call") from exc
+                raise RuntimeError(
+                    f"{exc} during {op}; the trainer workers restart on the next call"
+                ) from exc
         errors = [reply for reply, _ in replies.values() if not reply.ok]
         if errors and all(reply.error_kind in _ERRORS for reply in errors) and len(errors) == len(replies):
             raise _ERRORS[errors[0].error_kind](errors[0].error)
         if errors:
             with self._lock:
                 self._lose_group(f"a trainer worker failed in {op}: {errors[0].error}")
-            raise RuntimeError(f"trainer worker failed in {op}: {errors[0].error}; the trainer workers restart "
-                               "on the next call")
+            raise RuntimeError(
+                f"trainer worker failed in {op}: {errors[0].error}; the trainer workers restart "
+                "on the next call"
+            )
         return replies
 
     def _lose_group(self, why: str) -> None:
@@ -254,8 +280,10 @@ def split_by_tokens(data: list[Datum], parts: int) -> list[list[Datum]]:
 
 
 def _tokens(datum: Datum) -> int:
-    return sum(len(c.tokens) if isinstance(c, TextChunk) else (c.expected_tokens or 1)
-               for c in datum.model_input.chunks)
+    return sum(
+        len(c.tokens) if isinstance(c, TextChunk) else (c.expected_tokens or 1)
+        for c in datum.model_input.chunks
+    )
 
 
 def combine_metrics(metrics: list[dict[str, float]], counts: list[int]) -> dict[str, float]:

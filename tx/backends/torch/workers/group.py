@@ -61,12 +61,26 @@ class LocalWorkers:
         self._queues: list[queue.Queue] = []
         models_json = json.dumps({name: str(path) for name, path in models.items()})
         for rank in range(size):
-            cmd = [sys.executable, "-m", "tx.backends.torch.workers.worker", "--rank", str(rank),
-                   "--world-size", str(size), "--models", models_json, "--device", device, "--threads", str(threads)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "tx.backends.torch.workers.worker",
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(size),
+                "--models",
+                models_json,
+                "--device",
+                device,
+                "--threads",
+                str(threads),
+            ]
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ))
             replies: queue.Queue = queue.Queue()
-            threading.Thread(target=_read_replies, args=(proc, replies), daemon=True,
-                             name=f"trainer-worker-{rank}-replies").start()
+            threading.Thread(
+                target=_read_replies, args=(proc, replies), daemon=True, name=f"trainer-worker-{rank}-replies"
+            ).start()
             self._procs.append(proc)
             self._queues.append(replies)
         logger.info("started %d trainer workers: pids %s", size, [p.pid for p in self._procs])
@@ -100,8 +114,10 @@ class LocalWorkers:
             code = proc.wait(5)
         except subprocess.TimeoutExpired:
             code = None
-        return WorkerDied(f"trainer worker {rank} (pid {proc.pid}) died" +
-                          (f" with exit code {code}" if code is not None else ""))
+        return WorkerDied(
+            f"trainer worker {rank} (pid {proc.pid}) died"
+            + (f" with exit code {code}" if code is not None else "")
+        )
 
     def close(self, *, kill: bool = False) -> None:
         for proc in self._procs:

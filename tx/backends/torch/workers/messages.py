@@ -11,6 +11,7 @@ dtype and shape, so a worker rebuilds exactly the `tx.types.Datum` the API decod
 from __future__ import annotations
 
 import base64
+import dataclasses
 import struct
 from typing import Any, BinaryIO, Literal
 
@@ -26,11 +27,19 @@ from tx.types import (
     ImageChunk,
     LoraConfig,
     ModelInput,
+    ProvenanceSpan,
     TextChunk,
 )
 
 Op = Literal[
-    "hello", "join", "create_model", "delete_model", "forward_backward", "optim_step", "read_lora", "read_state",
+    "hello",
+    "join",
+    "create_model",
+    "delete_model",
+    "forward_backward",
+    "optim_step",
+    "read_lora",
+    "read_state",
     "write_state",
 ]
 _LENGTH = struct.Struct(">Q")
@@ -45,7 +54,9 @@ class WireArray(BaseModel):
     @classmethod
     def of(cls, array: np.ndarray) -> WireArray:
         array = np.ascontiguousarray(array)
-        return cls(dtype=str(array.dtype), shape=list(array.shape), b64=base64.b64encode(array.tobytes()).decode())
+        return cls(
+            dtype=str(array.dtype), shape=list(array.shape), b64=base64.b64encode(array.tobytes()).decode()
+        )
 
     def array(self) -> np.ndarray:
         if self.dtype not in _DTYPES:
@@ -66,9 +77,15 @@ class WireChunk(BaseModel):
         if isinstance(chunk, TextChunk):
             return cls(kind="text", tokens=list(chunk.tokens))
         if isinstance(chunk, ImageChunk):
-            return cls(kind="image", data_b64=base64.b64encode(chunk.data).decode(), format=chunk.format,
-                       expected_tokens=chunk.expected_tokens)
-        return cls(kind="asset", location=chunk.location, format=chunk.format, expected_tokens=chunk.expected_tokens)
+            return cls(
+                kind="image",
+                data_b64=base64.b64encode(chunk.data).decode(),
+                format=chunk.format,
+                expected_tokens=chunk.expected_tokens,
+            )
+        return cls(
+            kind="asset", location=chunk.location, format=chunk.format, expected_tokens=chunk.expected_tokens
+        )
 
     def chunk(self) -> Chunk:
         if self.kind == "text":
@@ -78,17 +95,32 @@ class WireChunk(BaseModel):
         return ImageAssetPointer(self.location, self.format, self.expected_tokens)
 
 
+class WireSpan(BaseModel):
+    sequence_id: str
+    offset: int
+    length: int
+    sampled: bool
+
+
 class WireDatum(BaseModel):
     chunks: list[WireChunk]
     inputs: dict[str, WireArray]
+    spans: list[WireSpan] = Field(default_factory=list)
 
     @classmethod
     def of(cls, datum: Datum) -> WireDatum:
-        return cls(chunks=[WireChunk.of(c) for c in datum.model_input.chunks],
-                   inputs={k: WireArray.of(v) for k, v in datum.loss_fn_inputs.items()})
+        return cls(
+            chunks=[WireChunk.of(c) for c in datum.model_input.chunks],
+            inputs={k: WireArray.of(v) for k, v in datum.loss_fn_inputs.items()},
+            spans=[WireSpan(**dataclasses.asdict(span)) for span in datum.loss_fn_input_spans],
+        )
 
     def datum(self) -> Datum:
-        return Datum(ModelInput(tuple(c.chunk() for c in self.chunks)), {k: v.array() for k, v in self.inputs.items()})
+        return Datum(
+            ModelInput(tuple(c.chunk() for c in self.chunks)),
+            {k: v.array() for k, v in self.inputs.items()},
+            tuple(ProvenanceSpan(**span.model_dump()) for span in self.spans),
+        )
 
 
 class WireBatch(BaseModel):
@@ -100,12 +132,17 @@ class WireBatch(BaseModel):
     @classmethod
     def of(cls, batch: ForwardBackwardInput, data: list[Datum]) -> WireBatch:
         """`batch` with its datums replaced by `data` (this worker's share)."""
-        return cls(data=[WireDatum.of(d) for d in data], loss_fn=batch.loss_fn,
-                   loss_fn_config=dict(batch.loss_fn_config), forward_only=batch.forward_only)
+        return cls(
+            data=[WireDatum.of(d) for d in data],
+            loss_fn=batch.loss_fn,
+            loss_fn_config=dict(batch.loss_fn_config),
+            forward_only=batch.forward_only,
+        )
 
     def batch(self) -> ForwardBackwardInput:
-        return ForwardBackwardInput([d.datum() for d in self.data], self.loss_fn, dict(self.loss_fn_config),
-                                    self.forward_only)
+        return ForwardBackwardInput(
+            [d.datum() for d in self.data], self.loss_fn, dict(self.loss_fn_config), self.forward_only
+        )
 
 
 class WireLora(BaseModel):

@@ -38,7 +38,9 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
 def like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """`value` (the whole tensor, the same on every rank) sharded as `param` is; no communication."""
     if isinstance(param, DTensor) and value.shape == param.shape:
-        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        return distribute_tensor(
+            value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
+        )
     return value
 
 
@@ -96,8 +98,10 @@ class ShardedTorchBackend(TorchBackend):
         Every rank gets the same whole tensors and keeps its own shard of them, so this needs no collective,
         and a bad checkpoint fails the same way on every rank."""
         run = self._run(model_id)
-        shards = {name: like(value, run.params[name]) if name in run.params else value
-                  for name, value in weights.items()}
+        shards = {
+            name: like(value, run.params[name]) if name in run.params else value
+            for name, value in weights.items()
+        }
         _copy_weights(run, shards, directory)
         run.zero_grad()
         run.optimizer = new_optimizer(run.params.values())
@@ -111,4 +115,3 @@ class ShardedTorchBackend(TorchBackend):
             run.optimizer.load_state_dict(optimizer_state)
         except (ValueError, KeyError, IndexError, RuntimeError) as exc:
             raise UserError(f"optimizer state in {directory} does not fit {model_id}: {exc}") from exc
-

@@ -22,9 +22,14 @@ def from_bytes(payload: bytes) -> dict[str, torch.Tensor]:
 
 
 def flatten_optimizer(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensors = {f"{index}.{key}": value for index, entry in state_dict["state"].items()
-               for key, value in entry.items()}
-    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state_dict["param_groups"]]
+    tensors = {
+        f"{index}.{key}": value
+        for index, entry in state_dict["state"].items()
+        for key, value in entry.items()
+    }
+    groups = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state_dict["param_groups"]
+    ]
     return tensors, {"param_groups": groups}
 
 
@@ -39,4 +44,4 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
 
 def split_prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """The tensors named `<prefix><name>`, by `<name>`."""
-    return {name[len(prefix):]: t for name, t in tensors.items() if name.startswith(prefix)}
+    return {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}

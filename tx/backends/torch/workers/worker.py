@@ -84,7 +84,9 @@ class Worker:
             named = tensors.from_bytes(payload)
             optimizer = None
             if request.optimizer_meta is not None:
-                optimizer = tensors.unflatten_optimizer(tensors.split_prefixed(named, "o/"), request.optimizer_meta)
+                optimizer = tensors.unflatten_optimizer(
+                    tensors.split_prefixed(named, "o/"), request.optimizer_meta
+                )
             weights = tensors.split_prefixed(named, "w/")
             backend.write_weights(model_id, weights, optimizer, Path(request.directory))
             return Reply(), b""
@@ -107,13 +109,16 @@ class Worker:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        dist.init_process_group(backend, store=self._store, rank=self.rank, world_size=self.world_size,
-                                timeout=GROUP_TIMEOUT)
-        logger.info("trainer worker %d/%d joined (%s on %s)", self.rank, self.world_size, backend, self.device)
+        dist.init_process_group(
+            backend, store=self._store, rank=self.rank, world_size=self.world_size, timeout=GROUP_TIMEOUT
+        )
+        logger.info(
+            "trainer worker %d/%d joined (%s on %s)", self.rank, self.world_size, backend, self.device
+        )
 
 
 def worker_device(device: str, local_rank: int) -> str:
-    """"auto"/"cuda" -> this worker's GPU (cuda:local_rank) when there is one, else cpu."""
+    """ "auto"/"cuda" -> this worker's GPU (cuda:local_rank) when there is one, else cpu."""
     if device in ("auto", "cuda"):
         return f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     return device
@@ -131,11 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    logging.basicConfig(level=os.environ.get("TX_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s %(levelname)s trainer-worker-{args.rank} %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("TX_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s %(levelname)s trainer-worker-{args.rank} %(name)s: %(message)s",
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
-    worker = Worker(args.rank, args.world_size, json.loads(args.models), worker_device(args.device, args.rank))
+    worker = Worker(
+        args.rank, args.world_size, json.loads(args.models), worker_device(args.device, args.rank)
+    )
     requests = sys.stdin.buffer
     while True:
         try:
