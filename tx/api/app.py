@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 
 from tx.api.auth import KeyChecker
+from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
 from tx.api.routes import client, futures, runs, sampling, sessions, training
 from tx.backends import create_backend
@@ -29,8 +28,7 @@ from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.models.serve import resolve_served_models
 from tx.multimodal import ImageInputs
-from tx.store.store import SessionFinishedError, Store
-from tx.types import ConflictError, NotFoundError, OverloadedError, UserError
+from tx.store.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +141,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     for module in (client, sessions, training, futures, runs, sampling):
         app.include_router(module.router, prefix="/api/v1")
-    _install_error_handlers(app)
+    install_error_handlers(app, on_invalid=training.reject_seq_of_invalid_body)
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
                        max_request_bytes=settings.max_request_bytes)
     return app
@@ -159,43 +157,6 @@ async def _janitor(ctx: Context) -> None:
             await asyncio.to_thread(ctx.service.reap_stale_sessions, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    """The one place where domain errors become HTTP statuses. Every error has a JSON body."""
-
-    def handler(status: int):
-        async def handle(_: Request, exc: Exception) -> JSONResponse:
-            return JSONResponse({"detail": _text(str(exc))}, status_code=status)
-
-        return handle
-
-    app.add_exception_handler(UserError, handler(400))
-    app.add_exception_handler(NotFoundError, handler(404))
-    app.add_exception_handler(ConflictError, handler(409))
-    app.add_exception_handler(SessionFinishedError, handler(410))
-
-    async def overloaded(_: Request, exc: OverloadedError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=429, headers={"Retry-After": "1"})
-
-    app.add_exception_handler(OverloadedError, overloaded)
-
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        with contextlib.suppress(Exception):  # e.g. no valid key: then no queue may move
-            await training.reject_seq_of_invalid_body(request, exc.body)
-        errors = [
-            {"loc": [_text(x) if isinstance(x, str) else x for x in e.get("loc", ())],
-             "msg": _text(e.get("msg", "")), "type": e.get("type", "")}
-            for e in exc.errors()
-        ]
-        return JSONResponse({"detail": errors}, status_code=422)
-
-    app.add_exception_handler(RequestValidationError, invalid)
-
-
-def _text(message: str) -> str:
-    """A message safe to encode: user text it quotes may hold a lone surrogate."""
-    return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _redact(url: str) -> str:

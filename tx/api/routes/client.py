@@ -7,6 +7,7 @@ import logging
 from fastapi import APIRouter, Response
 
 from tx.api.deps import Caller, Ctx
+from tx.api.errors import COMMON_ERRORS
 from tx.api.wire.rest_schemas import GetServerCapabilitiesResponse, HealthResponse, SupportedModel
 from tx.api.wire.schemas import (
     ClientConfigRequest,
@@ -16,7 +17,7 @@ from tx.api.wire.schemas import (
 )
 
 logger = logging.getLogger(__name__)
-router = APIRouter(tags=["client"])
+router = APIRouter(tags=["client"], responses=COMMON_ERRORS)
 
 
 @router.post("/client/config")

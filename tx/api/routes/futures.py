@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel
 
 from tx.api.deps import Caller, Ctx
+from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.codec import encode_forward_backward_output, encode_sample_response
 from tx.api.wire.schemas import (
     CreateModelResponse,
@@ -22,7 +23,7 @@ from tx.api.wire.schemas import (
 from tx.core.results import CheckpointSaved, ModelCreated, SamplerSaved, WeightsLoaded
 from tx.types import ForwardBackwardResult, OptimStepResult, SampleResult
 
-router = APIRouter(tags=["futures"])
+router = APIRouter(tags=["futures"], responses=COMMON_ERRORS | error_responses(404))
 PROTOBUF = "application/x-protobuf"
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
+from tx.api.errors import COMMON_ERRORS, error_responses, safe_text
 from tx.api.wire.rest_schemas import (
     Checkpoint,
     CheckpointsListResponse,
@@ -21,7 +22,7 @@ from tx.api.wire.rest_schemas import (
 from tx.core.checkpoints import CHECKPOINT_TYPE, TinkerPath
 from tx.store.tables import CheckpointRow, TrainingRunRow
 
-router = APIRouter(tags=["runs"])
+router = APIRouter(tags=["runs"], responses=COMMON_ERRORS | error_responses(404, 409))
 
 
 @router.get("/training_runs")
@@ -110,8 +111,4 @@ def _utc(value: datetime) -> datetime:
 
 def _str_values(metadata: dict[str, Any] | None) -> dict[str, str] | None:
     """Metadata as text; anything not encodable (stored before requests were checked) is escaped."""
-    return None if metadata is None else {_text(k): _text(v) for k, v in metadata.items()}
-
-
-def _text(value: Any) -> str:
-    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+    return None if metadata is None else {safe_text(str(k)): safe_text(str(v)) for k, v in metadata.items()}

@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter
 
 from tx.api.deps import Caller, Ctx
+from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.convert import sample_request_to_domain
 from tx.api.wire.sample_schemas import SampleRequestJson
 from tx.api.wire.schemas import (
@@ -17,7 +18,7 @@ from tx.api.wire.schemas import (
 )
 from tx.types import UserError
 
-router = APIRouter(tags=["sampling"])
+router = APIRouter(tags=["sampling"], responses=COMMON_ERRORS | error_responses(404, 429))
 
 
 @router.post("/create_sampling_session")

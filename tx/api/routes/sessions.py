@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter, Query
 
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
+from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.schemas import (
     CreateSessionRequest,
     CreateSessionResponse,
@@ -15,7 +16,7 @@ from tx.api.wire.schemas import (
     SessionHeartbeatResponse,
 )
 
-router = APIRouter(tags=["sessions"])
+router = APIRouter(tags=["sessions"], responses=COMMON_ERRORS | error_responses(404, 410))
 
 
 @router.post("/create_session")

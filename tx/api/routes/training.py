@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 
 from tx.api.deps import Caller, Ctx
+from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.codec import forward_backward_input_from_proto, parse_forward_backward_request
 from tx.api.wire.convert import (
     check_optimizer_config,
@@ -30,7 +31,7 @@ from tx.core.futures import Future
 from tx.models.serve import tokenizer_id_for
 from tx.types import ConflictError, NotFoundError, UserError
 
-router = APIRouter(tags=["training"])
+router = APIRouter(tags=["training"], responses=COMMON_ERRORS | error_responses(404, 409))
 
 
 def _answer(future: Future, model_id: str | None) -> UntypedAPIFuture:
@@ -75,7 +76,13 @@ async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoRes
     )
 
 
-@router.post("/forward_backward")
+_PROTOBUF_BODY = {"requestBody": {"required": True, "content": {
+    "application/x-protobuf": {"schema": {"type": "string", "format": "binary",
+                                          "description": "a tinker ForwardBackwardRequest message"}},
+}}}
+
+
+@router.post("/forward_backward", openapi_extra=_PROTOBUF_BODY)
 async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     body = await _read_body(request)
     msg = await asyncio.to_thread(
