@@ -1,4 +1,4 @@
-"""The `tx` command: `tx serve`, `tx models make-tiny`."""
+"""The `tx` command: `tx serve`, `tx models make-tiny`, `tx checkpoints export`."""
 
 from __future__ import annotations
 
@@ -80,12 +80,25 @@ def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
+    checkpoints = sub.add_parser("checkpoints", help="checkpoints on this server's disk")
+    commands = checkpoints.add_subparsers(dest="checkpoints_command", required=True)
+    p = commands.add_parser("export", help="write a checkpoint merged into its base model (an HF model directory)")
+    p.add_argument("path", help="tinker://<run>/<kind>/<name> (under --data-dir) or a checkpoint directory")
+    p.add_argument("--merge", type=Path, required=True, metavar="OUT",
+                   help="write the adapter merged into its base model here (a new directory)")
+    p.add_argument("--data-dir", type=Path, help="the server's data directory (default ~/.tx)")
+    p.add_argument("--base-model", action="append", dest="base_models",
+                   help="the base models the server serves, as for `tx serve` (default: the built-in one)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     models = sub.add_parser("models", help="model files").add_subparsers(dest="models_command", required=True)
     _make_tiny_parser(models)
+    _checkpoints_parser(sub)
     return parser
 
 
@@ -129,6 +142,30 @@ def make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_checkpoint(args: argparse.Namespace) -> int:
+    from tx.backends.torch.export import checkpoint_base_model, merge_into_base
+    from tx.config import Settings
+    from tx.core.checkpoints import CheckpointFiles, TinkerPath
+    from tx.models.serve import resolve_served_models
+    from tx.types import NotFoundError, UserError
+
+    settings = Settings(**{k: v for k, v in vars(args).items() if k in ("data_dir", "base_models") and v})
+    try:
+        if args.path.startswith("tinker://"):
+            directory = CheckpointFiles(settings.checkpoints_dir).require(TinkerPath.parse(args.path))
+        else:
+            directory = Path(args.path)
+        base = checkpoint_base_model(directory)
+        models = resolve_served_models(settings)
+        if base not in models:
+            raise UserError(f"base model {base!r} is not among {sorted(models)}; pass it with --base-model")
+        print(merge_into_base(directory, models[base], args.merge))
+    except (UserError, NotFoundError, OSError) as exc:
+        print(f"tx checkpoints export: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from tx.logging import init_logging
 
@@ -136,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "checkpoints":
+        return export_checkpoint(args)
     return make_tiny(args)
 
 

@@ -60,6 +60,17 @@ class Settings(BaseSettings):
         60.0, gt=0, description="How often expired futures, checkpoints and sessions are cleaned up."
     )
     future_ttl_s: float = Field(3600.0, gt=0, description="How long finished results are kept.")
+    public_url: str | None = Field(
+        None, description="Base URL clients reach this server at, used in signed download links "
+        "(default: the URL each request came in on)."
+    )
+    download_link_ttl_s: float = Field(
+        3600.0, gt=0, le=7 * 24 * 3600, description="How long signed download links stay valid."
+    )
+    sample_use_retrieve_futures: bool = Field(
+        False, description="Ask clients to wait for samples with one retrieve_futures long-poll per sampler "
+        "instead of one retrieve_future per sample (scripts/bench/retrieve_futures.py measures both)."
+    )
     proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
     max_request_bytes: int = Field(
         200 << 20, gt=0, description="Largest body of forward_backward and asample (batches, images)."

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import tinker
+from tinker import types
 
 from txserver import API_KEY, TxServer
 
@@ -11,7 +14,8 @@ from txserver import API_KEY, TxServer
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """One tx server for the integration tests, on the built-in tiny model."""
-    srv = TxServer(tmp_path_factory.mktemp("tx-data"), args=["--seq-gap-timeout-s", "3"]).start()
+    srv = TxServer(tmp_path_factory.mktemp("tx-data"), args=["--seq-gap-timeout-s", "3"],
+                   env={"TX_JANITOR_INTERVAL_S": "1"}).start()
     yield srv
     srv.stop()
 
@@ -30,3 +34,35 @@ def service_client(server: TxServer) -> Iterator[tinker.ServiceClient]:
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     yield client
     client.close("success")
+
+
+@dataclass
+class Trained:
+    """A LoRA run trained a few steps (so its adapter is far from the identity), with a saved state."""
+
+    service: tinker.ServiceClient
+    tc: tinker.TrainingClient
+    rest: tinker.RestClient
+    state_path: str
+    tokens: list[int]
+
+    def trainer_logprobs(self) -> np.ndarray:
+        out = self.tc.forward([sft_datum(self.tokens)], "cross_entropy").result()
+        return out.loss_fn_outputs[0]["logprobs"].to_numpy()
+
+
+def sft_datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+
+
+@pytest.fixture(scope="session")
+def trained(server: TxServer) -> Iterator[Trained]:
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    tc = service.create_lora_training_client("tiny-qwen3", rank=4, seed=0).result()
+    tokens = np.random.default_rng(7).integers(10, 1990, size=24).tolist()
+    for _ in range(3):
+        tc.forward_backward([sft_datum(tokens)], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    yield Trained(service, tc, tinker.RestClient(base_url=server.url, api_key=API_KEY), tc.save_state("trained").result().path, tokens)
+    service.close("success")

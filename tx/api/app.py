@@ -15,15 +15,18 @@ from fastapi import FastAPI
 from tx.api.auth import KeyChecker
 from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
-from tx.api.routes import client, futures, runs, sampling, sessions, training
+from tx.api.routes import checkpoints, client, downloads, futures, runs, sampling, sessions, training
 from tx.backends import create_backend
 from tx.backends.base import TrainingBackend
 from tx.config import Settings
+from tx.core.catalog import CheckpointCatalog
 from tx.core.checkpoints import CheckpointFiles
+from tx.core.downloads import DownloadSigner
 from tx.core.futures import FutureRegistry
 from tx.core.sampling import SamplingService
 from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
+from tx.core.sessions import SessionService
 from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.models.serve import resolve_served_models
@@ -44,6 +47,8 @@ class Context:
     service: TrainingService
     manager: EngineManager
     sampling: SamplingService
+    catalog: CheckpointCatalog
+    sessions: SessionService
 
 
 def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
@@ -108,8 +113,10 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
     manager = build_manager(settings, models, loop, backend.training_device())
+    files = checkpoint_files(settings.checkpoints_dir)
+    signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     service = TrainingService(
-        store, backend, futures_, scheduler, checkpoint_files(settings.checkpoints_dir),
+        store, backend, futures_, scheduler, files,
         before_training=manager.before_training,
         engines=manager,
         versions_kept=settings.sampler_versions_kept,
@@ -117,7 +124,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, images)
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
-    return Context(settings, models, store, backend, futures_, scheduler, service, manager, sampling)
+    return Context(settings, models, store, backend, futures_, scheduler, service, manager, sampling,
+                   CheckpointCatalog(store, files, signer), SessionService(store, futures_, signer))
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -139,7 +147,8 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="tx", lifespan=lifespan)
     app.state.key_checker = KeyChecker(settings.api_keys)
     app.state.settings = settings
-    for module in (client, sessions, training, futures, runs, sampling):
+    # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
+    for module in (client, sessions, training, futures, checkpoints, runs, sampling, downloads):
         app.include_router(module.router, prefix="/api/v1")
     install_error_handlers(app, on_invalid=training.reject_seq_of_invalid_body)
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
@@ -153,7 +162,7 @@ async def _janitor(ctx: Context) -> None:
         await asyncio.sleep(ctx.settings.janitor_interval_s)
         try:
             ctx.futures.expire()
-            await asyncio.to_thread(ctx.service.delete_expired_checkpoints)
+            await asyncio.to_thread(ctx.catalog.delete_expired)
             await asyncio.to_thread(ctx.service.reap_stale_sessions, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")

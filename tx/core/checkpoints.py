@@ -20,10 +20,11 @@ from pathlib import Path
 
 from tx.types import UserError
 
-KINDS = ("weights", "sampler_weights")
-CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler"}
+KINDS = ("weights", "sampler_weights", "external_weights")
+CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)-(.+)-[0-9a-f]{8}$")
+MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ def validate_name(name: str) -> None:
             f"invalid checkpoint name {name!r}: use 1-200 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+
+
+def validate_ttl(ttl_s: int | None) -> None:
+    if ttl_s is not None and not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+        raise UserError(f"ttl_seconds must be between {MIN_TTL_S} (1 hour) and {MAX_TTL_S} (10 years), got {ttl_s}")
 
 
 class CheckpointFiles:
@@ -113,6 +119,11 @@ class CheckpointFiles:
 
     def delete(self, path: TinkerPath) -> None:
         shutil.rmtree(self.directory(path), ignore_errors=True)
+
+    def files(self, path: TinkerPath) -> dict[str, Path]:
+        """Every regular file of a checkpoint, by its path relative to the checkpoint's root."""
+        root = self.require(path)
+        return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
 
     def require(self, path: TinkerPath) -> Path:
         directory = self.directory(path)

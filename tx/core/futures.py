@@ -4,6 +4,10 @@ A future is created on the event loop, resolved from any thread (the training th
 clients), and waited on by `retrieve_future` long-polls. Resubmissions of the same operation
 (the SDK re-sends a request with the same `(model, seq_id)` when a submission is retried) map to
 the original future through a dedupe key.
+
+A future that belongs to a session (`session_id`) records its timing into the session's
+timeline when it finishes (`tx.core.timeline`), for `tinker session export-trace`. A future that
+has not started can be cancelled: it fails with a "cancelled" error and its job is skipped.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from tx.types import ErrorCategory, NotFoundError
+from tx.core.completions import CompletionFeeds, Target
+from tx.core.timeline import SessionTimeline, Span
+from tx.types import ConflictError, ErrorCategory, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +38,12 @@ class Future:
     request_id: str
     owner: str
     kind: str
+    session_id: str | None = None
+    track: str = ""  # the training run or sampler it belongs to
+    feed: Target | None = None  # the retrieve_futures target told when it finishes
     created_at: float = field(default_factory=time.monotonic)
+    submitted_wall: float = field(default_factory=time.time)
+    started_at: float | None = None
     finished_at: float | None = None
     result: Any = None
     failure: Failure | None = None
@@ -46,21 +57,28 @@ class Future:
 class FutureRegistry:
     """Owns every future. Create and wait on the event loop; resolve or fail from any thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, ttl_s: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, ttl_s: float,
+                 timeline: SessionTimeline | None = None) -> None:
         self._loop = loop
+        self.timeline = timeline or SessionTimeline()
+        self.feeds = CompletionFeeds()
         self._ttl_s = ttl_s
         self._futures: dict[str, Future] = {}
         self._by_key: dict[Hashable, str] = {}
         self._lock = threading.Lock()
 
-    def create(self, owner: str, kind: str, key: Hashable | None = None) -> tuple[Future, bool]:
+    def create(
+        self, owner: str, kind: str, key: Hashable | None = None, *, session_id: str | None = None,
+        track: str = "", feed: Target | None = None,
+    ) -> tuple[Future, bool]:
         """(future, created). With a key already seen, the original future and False."""
         with self._lock:
             if key is not None and key in self._by_key:
                 existing = self._futures.get(self._by_key[key])
                 if existing is not None:
                     return existing, False
-            future = Future(request_id=uuid.uuid4().hex, owner=owner, kind=kind)
+            future = Future(request_id=uuid.uuid4().hex, owner=owner, kind=kind, session_id=session_id,
+                            track=track, feed=feed)
             self._futures[future.request_id] = future
             if key is not None:
                 self._by_key[key] = future.request_id
@@ -72,6 +90,23 @@ class FutureRegistry:
             request_id = self._by_key.get(key)
             return None if request_id is None else self._futures.get(request_id)
 
+    def start(self, future: Future) -> bool:
+        """Mark `future` as running; False if it was cancelled (or otherwise finished) first."""
+        with self._lock:
+            if future.done:
+                return False
+            future.started_at = time.monotonic()
+            return True
+
+    def cancel(self, request_id: str, owner: str) -> Future:
+        """Fail a future that has not started yet; a finished one is left as it is."""
+        future = self.get(request_id, owner)
+        with self._lock:
+            if future.started_at is not None and not future.done and future.kind != "Sample":
+                raise ConflictError(f"request {request_id!r} ({future.kind}) is already running")
+        self.fail(future, "cancelled by the client", ErrorCategory.USER)
+        return future
+
     def resolve(self, future: Future, result: Any) -> None:
         self._finish(future, result, None)
 
@@ -79,11 +114,16 @@ class FutureRegistry:
         self._finish(future, None, Failure(message, category))
 
     def _finish(self, future: Future, result: Any, failure: Failure | None) -> None:
-        if future.done:
-            return
-        future.result, future.failure = result, failure
-        future.finished_at = time.monotonic()
+        with self._lock:
+            if future.done:
+                return
+            future.result, future.failure = result, failure
+            future.finished_at = time.monotonic()
         self._loop.call_soon_threadsafe(future._done.set)
+        if future.feed is not None:
+            self._loop.call_soon_threadsafe(self.feeds.publish, future.feed, future.request_id, failure is not None)
+        if future.session_id is not None:
+            self.timeline.record(future.session_id, _span(future))
 
     def get(self, request_id: str, owner: str) -> Future:
         future = self._futures.get(request_id)
@@ -101,6 +141,14 @@ class FutureRegistry:
                 pass
         return future
 
+    def forget(self, request_ids: list[str], owner: str) -> None:
+        """Drop finished futures whose results the client has fetched (retrieve_futures' acks)."""
+        with self._lock:
+            for rid in request_ids:
+                future = self._futures.get(rid)
+                if future is not None and future.owner == owner and future.done:
+                    del self._futures[rid]
+
     def expire(self, now: float | None = None) -> int:
         """Forget finished futures older than the TTL; returns how many were dropped."""
         now = time.monotonic() if now is None else now
@@ -114,3 +162,14 @@ class FutureRegistry:
                 del self._futures[rid]
             self._by_key = {k: v for k, v in self._by_key.items() if v in self._futures}
         return len(old)
+
+
+def _span(future: Future) -> Span:
+    wall = future.submitted_wall - future.created_at  # monotonic -> unix seconds
+    assert future.finished_at is not None
+    return Span(
+        request_id=future.request_id, kind=future.kind, track=future.track or future.kind,
+        submitted=future.submitted_wall,
+        started=None if future.started_at is None else future.started_at + wall,
+        finished=future.finished_at + wall, failed=future.failure is not None,
+    )

@@ -20,6 +20,12 @@ class CheckpointSaved:
 
 
 @dataclass(frozen=True)
+class ExternalSaved:
+    path: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
 class SamplerSaved:
     path: str | None
     sampling_session_id: str | None

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from tx.core.completions import CLONE_BLOCK
 from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
 from tx.multimodal import ImageInputs, expand_input
@@ -23,7 +24,7 @@ class SamplingService:
         self.manager = manager
         self.max_queue = max_queue
         self.images = images or ImageInputs()  # default: no asset pointers, default caps
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[str, asyncio.Task] = {}
 
     async def sample(
         self, owner: str, sampling_session_id: str, seq_id: int, request: SampleRequest
@@ -37,17 +38,29 @@ class SamplingService:
             return existing, sequence_ids
         if self.manager.in_flight >= self.max_queue:  # refused before any future exists: a retry can succeed
             raise OverloadedError(f"{self.manager.in_flight} samples are queued; retry shortly")
-        future, _ = self.futures.create(owner, "Sample", key)
+        future, _ = self.futures.create(
+            owner, "Sample", key, session_id=sampler.session_id, track=sampling_session_id,
+            feed=(sampling_session_id, seq_id // CLONE_BLOCK),
+        )
         weights_dir = Path(sampler.weights_dir) if sampler.weights_dir else None
         task = asyncio.create_task(
             self._run(future, sampler.base_model, weights_dir, f"{sampling_session_id}:{seq_id}", request)
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[future.request_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(future.request_id, None))
         return future, sequence_ids
+
+    def cancel(self, owner: str, request_id: str) -> None:
+        """Cancel a future (row 23): a queued job is skipped, a running sample is aborted."""
+        future = self.futures.cancel(request_id, owner)
+        task = self._tasks.get(future.request_id)
+        if task is not None:
+            task.cancel()
 
     async def _run(self, future: Future, base_model: str, weights_dir: Path | None, session_key: str,
                    request: SampleRequest) -> None:
+        if not self.futures.start(future):  # cancelled before it began
+            return
         try:
             prompt = None
             if request.prompt.has_images:  # fetch asset pointers, check caps (blocking I/O: off the loop)

@@ -182,6 +182,8 @@ class Scheduler:
         return max(0.01, min(blocked) + self._gap_timeout_s - time.monotonic())
 
     def _execute(self, job: Job) -> None:
+        if not self._futures.start(job.future):  # cancelled while queued
+            return
         try:
             if job.before is not None:
                 job.before()

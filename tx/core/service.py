@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tx.backends.base import TrainingBackend
-from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_name
+from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_name, validate_ttl
 from tx.core.futures import Future, FutureRegistry
-from tx.core.results import CheckpointSaved, ModelCreated, SamplerSaved, WeightsLoaded
+from tx.core.encryption import encrypt_tree, parse_recipients
+from tx.core.results import CheckpointSaved, ExternalSaved, ModelCreated, SamplerSaved, WeightsLoaded
 from tx.core.scheduler import Job, Scheduler
 from tx.store.store import Store
 from tx.store.tables import CheckpointRow, SamplingSessionRow, SessionRow, TrainingRunRow
@@ -32,8 +33,6 @@ from tx.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600
 
 
 def model_id_for(session_id: str, model_seq_id: int) -> str:
@@ -77,7 +76,8 @@ class TrainingService:
 
     # -- sessions ---------------------------------------------------------------------------
     def create_session(
-        self, owner: str, sdk_version: str | None, tags: list[str], user_metadata: dict[str, Any]
+        self, owner: str, sdk_version: str | None, tags: list[str], user_metadata: dict[str, Any],
+        project_id: str | None = None, display_name: str | None = None,
     ) -> str:
         session_id = uuid.uuid4().hex
         self.store.create_session(
@@ -87,6 +87,8 @@ class TrainingService:
                 sdk_version=sdk_version,
                 tags=tags,
                 user_metadata=user_metadata,
+                project_id=project_id,
+                display_name=display_name,
             )
         )
         return session_id
@@ -111,7 +113,9 @@ class TrainingService:
         lora.validate()
         self._base_model(base_model)
         model_id = model_id_for(session_id, model_seq_id)
-        future, created = self.futures.create(owner, "CreateModel", ("model", model_id))
+        future, created = self.futures.create(
+            owner, "CreateModel", ("model", model_id), session_id=session_id, track=model_id
+        )
         if not created:
             return future
 
@@ -129,12 +133,13 @@ class TrainingService:
     ) -> Future:
         """create_training_client_from_state[_with_optimizer]: a new run from a checkpoint."""
         self._live_session(session_id, owner)
-        source = self._owned_checkpoint(owner, path, kinds=("weights",))
+        source, source_run = self._readable_checkpoint(owner, path, kinds=("weights",))
         model_id = model_id_for(session_id, model_seq_id)
-        future, created = self.futures.create(owner, "LoadWeights", ("model", model_id))
+        future, created = self.futures.create(
+            owner, "LoadWeights", ("model", model_id), session_id=session_id, track=model_id
+        )
         if not created:
             return future
-        source_run = self.store.get_run(source.run_id, owner)
 
         def run() -> WeightsLoaded:
             directory = self.files.require(source)
@@ -234,6 +239,25 @@ class TrainingService:
 
         return self._sequenced(owner, model_id, seq_id, "SaveWeightsForSampler", run)
 
+    def save_weights_external(
+        self, owner: str, model_id: str, seq_id: int, name: str, ttl_s: int | None,
+        age_recipients: list[str] | None,
+    ) -> Future:
+        """The run's adapter as a PEFT directory (vLLM and PEFT load it), age-encrypted if asked."""
+        path = self._new_checkpoint_path(model_id, "external_weights", name, ttl_s)
+        recipients = parse_recipients(age_recipients) if age_recipients is not None else None
+
+        def write(directory: Path) -> None:
+            self.backend.save_sampler_weights(model_id, directory)
+            if recipients is not None:
+                encrypt_tree(directory, recipients)
+
+        def run() -> ExternalSaved:
+            size = self._write_checkpoint(owner, path, write, ttl_s, True, None)
+            return ExternalSaved(path=str(path), size_bytes=size)
+
+        return self._sequenced(owner, model_id, seq_id, "SaveWeightsExternal", run)
+
     def _save_ephemeral_sampler(self, owner: str, model_id: str, seq: int | None) -> SamplerSaved:
         run = self.store.get_run(model_id, owner)
         sampler_id = sampler_id_for(run.session_id, int(seq or 0))
@@ -274,7 +298,7 @@ class TrainingService:
 
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
         """Legacy TrainingClient.load_state*: load a checkpoint into this existing run."""
-        source = self._owned_checkpoint(owner, path, kinds=("weights",))
+        source, _ = self._readable_checkpoint(owner, path, kinds=("weights",))
 
         def run() -> WeightsLoaded:
             self.backend.load_state(model_id, self.files.require(source), with_optimizer=with_optimizer)
@@ -294,7 +318,7 @@ class TrainingService:
         self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
         before: Callable[[], None] | None = None,
     ) -> Future:
-        self.store.get_run(model_id, owner)
+        run = self.store.get_run(model_id, owner)
         if seq_id < 1:
             raise UserError(f"seq_id must be >= 1, got {seq_id}")
         if not self.scheduler.has_model(model_id):
@@ -302,7 +326,9 @@ class TrainingService:
                 f"model {model_id!r} is not loaded on this server (it may have been restarted); "
                 "create a training client from one of its checkpoints"
             )
-        future, created = self.futures.create(owner, kind, ("seq", model_id, seq_id))
+        future, created = self.futures.create(
+            owner, kind, ("seq", model_id, seq_id), session_id=run.session_id, track=model_id
+        )
         if not created:
             return future
         self.store.touch_run(model_id)
@@ -312,14 +338,13 @@ class TrainingService:
     # -- checkpoints ------------------------------------------------------------------------
     def _new_checkpoint_path(self, model_id: str, kind: str, name: str, ttl_s: int | None) -> TinkerPath:
         validate_name(name)
-        if ttl_s is not None and not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
-            raise UserError(f"ttl_seconds must be between {MIN_TTL_S} and {MAX_TTL_S}, got {ttl_s}")
+        validate_ttl(ttl_s)
         return TinkerPath(model_id, kind, name)
 
     def _write_checkpoint(
         self, owner: str, path: TinkerPath, writer: Callable[[Any], None], ttl_s: int | None,
         overwrite: bool, user_metadata: dict[str, Any] | None,
-    ) -> None:
+    ) -> int:
         size = self.files.write(path, writer, overwrite=overwrite)
         now = datetime.now(timezone.utc)
         self.store.add_checkpoint(
@@ -335,24 +360,17 @@ class TrainingService:
             ),
             overwrite=True,
         )
+        return size
 
-    def _owned_checkpoint(self, owner: str, path: str, kinds: tuple[str, ...]) -> TinkerPath:
+    def _readable_checkpoint(
+        self, owner: str, path: str, kinds: tuple[str, ...]
+    ) -> tuple[TinkerPath, TrainingRunRow]:
+        """A checkpoint the caller may load or sample (its own, or a published one), and its run."""
         parsed = TinkerPath.parse(path)
         if parsed.kind not in kinds:
             raise UserError(f"{path} is a {parsed.kind} checkpoint; this call needs one of {kinds}")
-        self.store.get_checkpoint(parsed.run_id, parsed.checkpoint_id, owner)
-        return parsed
-
-    def delete_checkpoint(self, owner: str, run_id: str, checkpoint_id: str) -> None:
-        path = TinkerPath.parse(f"tinker://{run_id}/{checkpoint_id}")
-        self.store.delete_checkpoint(run_id, checkpoint_id, owner)
-        self.files.delete(path)
-
-    def delete_expired_checkpoints(self) -> int:
-        expired = self.store.expired_checkpoints(datetime.now(timezone.utc))
-        for row in expired:
-            self.delete_checkpoint(row.owner, row.run_id, row.checkpoint_id)
-        return len(expired)
+        row = self.store.get_checkpoint(parsed.run_id, parsed.checkpoint_id, owner, public_ok=True)
+        return parsed, self.store.get_run(parsed.run_id, row.owner)
 
     # -- session end ------------------------------------------------------------------------
     def finish_session(self, owner: str, session_id: str, reason: str) -> None:
@@ -383,8 +401,7 @@ class TrainingService:
         self._live_session(session_id, owner)
         run_id = weights_dir = None
         if model_path is not None:
-            path = self._owned_checkpoint(owner, model_path, kinds=("sampler_weights", "weights"))
-            run = self.store.get_run(path.run_id, owner)
+            path, run = self._readable_checkpoint(owner, model_path, kinds=("sampler_weights", "weights"))
             if base_model is not None and base_model != run.base_model:
                 raise UserError(f"{model_path} was trained on {run.base_model!r}, not {base_model!r}")
             base_model, run_id = run.base_model, run.run_id

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 
-from sqlalchemy import create_engine, delete, func, select
+from sqlalchemy import create_engine, delete, func, inspect, or_, select, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
@@ -23,7 +23,7 @@ from tx.store.tables import (
     TrainingRunRow,
     utcnow,
 )
-from tx.types import ConflictError, NotFoundError
+from tx.types import ConflictError, NotFoundError, UserError
 
 
 class SessionFinishedError(RuntimeError):
@@ -39,6 +39,25 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+def add_missing_columns(engine: Engine) -> None:
+    """Add columns that newer tables declare to tables an older tx created (nullable, no backfill)."""
+    existing = inspect(engine)
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            if not existing.has_table(table.name):
+                continue
+            have = {c["name"] for c in existing.get_columns(table.name)}
+            for column in table.columns:
+                if column.name not in have:
+                    kind = column.type.compile(engine.dialect)
+                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
+
+
+def _live(now: datetime):
+    """Checkpoints that have not expired (the sweeper may not have deleted an expired one yet)."""
+    return or_(CheckpointRow.expires_at.is_(None), CheckpointRow.expires_at > now)
+
+
 def _owned(db: Session, row_type: type, key: object, owner: str, what: str):
     """The row with primary key `key`, if it belongs to `owner`; NotFoundError otherwise (no leak)."""
     row = db.get(row_type, key)
@@ -52,6 +71,7 @@ class Store:
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         Base.metadata.create_all(engine)
+        add_missing_columns(engine)
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -97,6 +117,49 @@ class Store:
                 SessionRow.finished_at.is_(None), SessionRow.last_heartbeat < last_heartbeat_before
             )
             return list(db.scalars(query))
+
+    def set_session_project(self, session_id: str, owner: str, project_id: str) -> None:
+        with self._tx() as db:
+            _owned(db, SessionRow, session_id, owner, f"session {session_id!r}").project_id = project_id
+
+    def session_contents(self, session_id: str, owner: str) -> tuple[SessionRow, list[str], list[str]]:
+        """(session, its training run ids, its sampler ids), oldest first."""
+        with self._tx() as db:
+            row = _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
+            runs = db.scalars(select(TrainingRunRow.run_id).where(TrainingRunRow.session_id == session_id)
+                              .order_by(TrainingRunRow.created_at))
+            samplers = db.scalars(
+                select(SamplingSessionRow.sampling_session_id)
+                .where(SamplingSessionRow.session_id == session_id)
+                .order_by(SamplingSessionRow.created_at)
+            )
+            return row, list(runs), list(samplers)
+
+    def sessions_before(
+        self, owner: str, project_ids: list[str] | None, before: tuple[datetime, str] | None, limit: int
+    ) -> list[SessionRow]:
+        """The owner's sessions, newest first (ties by id), strictly after the `before` cursor."""
+        query = select(SessionRow).where(SessionRow.owner == owner)
+        if project_ids is not None:
+            query = query.where(SessionRow.project_id.in_(project_ids))
+        if before is not None:
+            at, session_id = before
+            query = query.where(or_(SessionRow.created_at < at,
+                                    (SessionRow.created_at == at) & (SessionRow.session_id < session_id)))
+        query = query.order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc()).limit(limit)
+        with self._tx() as db:
+            return list(db.scalars(query))
+
+    def checkpoint_totals(self, session_ids: list[str]) -> dict[str, tuple[int, int]]:
+        """{session id: (unexpired checkpoints, their bytes)} over the sessions' training runs."""
+        query = (
+            select(TrainingRunRow.session_id, func.count(), func.coalesce(func.sum(CheckpointRow.size_bytes), 0))
+            .join(CheckpointRow, CheckpointRow.run_id == TrainingRunRow.run_id)
+            .where(TrainingRunRow.session_id.in_(session_ids), _live(utcnow()))
+            .group_by(TrainingRunRow.session_id)
+        )
+        with self._tx() as db:
+            return {sid: (int(n), int(size)) for sid, n, size in db.execute(query)}
 
     def list_sessions(self, owner: str, limit: int, offset: int) -> list[str]:
         with self._tx() as db:
@@ -157,20 +220,47 @@ class Store:
             db.add(row)
         return row
 
-    def get_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> CheckpointRow:
+    def get_checkpoint(self, run_id: str, checkpoint_id: str, owner: str, *, public_ok: bool = False) -> CheckpointRow:
+        """The caller's unexpired checkpoint; with `public_ok`, also anyone's published one."""
         with self._tx() as db:
-            return _owned(db, CheckpointRow, (run_id, checkpoint_id), owner,
-                          f"checkpoint tinker://{run_id}/{checkpoint_id}")
+            row = db.get(CheckpointRow, (run_id, checkpoint_id))
+            visible = row is not None and (row.owner == owner or (public_ok and bool(row.public)))
+            if not visible or (row.expires_at is not None and _aware(row.expires_at) <= utcnow()):
+                raise NotFoundError(f"checkpoint tinker://{run_id}/{checkpoint_id} not found")
+            return row
 
     def list_checkpoints(self, run_id: str, owner: str) -> list[CheckpointRow]:
         self.get_run(run_id, owner)
         with self._tx() as db:
             query = (
                 select(CheckpointRow)
-                .where(CheckpointRow.run_id == run_id)
+                .where(CheckpointRow.run_id == run_id, _live(utcnow()))
                 .order_by(CheckpointRow.created_at)
             )
             return list(db.scalars(query))
+
+    def list_user_checkpoints(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointRow], int]:
+        """One page of the owner's unexpired checkpoints across runs, newest first, and their total."""
+        where = (CheckpointRow.owner == owner, _live(utcnow()))
+        with self._tx() as db:
+            total = db.scalar(select(func.count()).select_from(CheckpointRow).where(*where)) or 0
+            query = (
+                select(CheckpointRow).where(*where)
+                .order_by(CheckpointRow.created_at.desc(), CheckpointRow.run_id, CheckpointRow.checkpoint_id)
+                .limit(limit).offset(offset)
+            )
+            return list(db.scalars(query)), total
+
+    def update_checkpoint(self, run_id: str, checkpoint_id: str, owner: str, **values: object) -> None:
+        """Set `expires_at` and/or `public` on the owner's checkpoint."""
+        unknown = set(values) - {"expires_at", "public"}
+        if unknown:
+            raise UserError(f"cannot change {sorted(unknown)} of a checkpoint")
+        self.get_checkpoint(run_id, checkpoint_id, owner)
+        with self._tx() as db:
+            row = db.get(CheckpointRow, (run_id, checkpoint_id))
+            for name, value in values.items():
+                setattr(row, name, value)
 
     def latest_checkpoints(self, run_ids: list[str], kinds: tuple[str, ...]) -> dict[tuple[str, str], CheckpointRow]:
         """The newest checkpoint of each kind of each run, by (run_id, kind), in one query."""
@@ -183,7 +273,7 @@ class Store:
         )
         ranked = (
             select(CheckpointRow, rank)
-            .where(CheckpointRow.run_id.in_(run_ids), CheckpointRow.kind.in_(kinds))
+            .where(CheckpointRow.run_id.in_(run_ids), CheckpointRow.kind.in_(kinds), _live(utcnow()))
             .subquery()
         )
         newest = aliased(CheckpointRow, ranked)
@@ -192,8 +282,8 @@ class Store:
             return {(row.run_id, row.kind): row for row in rows}
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> None:
-        self.get_checkpoint(run_id, checkpoint_id, owner)
         with self._tx() as db:
+            _owned(db, CheckpointRow, (run_id, checkpoint_id), owner, f"checkpoint tinker://{run_id}/{checkpoint_id}")
             db.execute(
                 delete(CheckpointRow).where(
                     CheckpointRow.run_id == run_id, CheckpointRow.checkpoint_id == checkpoint_id
@@ -217,3 +307,8 @@ class Store:
     def get_sampling_session(self, sampling_session_id: str, owner: str) -> SamplingSessionRow:
         with self._tx() as db:
             return _owned(db, SamplingSessionRow, sampling_session_id, owner, f"sampler {sampling_session_id!r}")
+
+
+def _aware(value: datetime) -> datetime:
+    """SQLite hands datetimes back without a zone; every time tx stores is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)

@@ -28,6 +28,8 @@ class SessionRow(Base):
     last_heartbeat: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finish_reason: Mapped[str | None] = mapped_column(String(32))
+    project_id: Mapped[str | None] = mapped_column(String(128))
+    display_name: Mapped[str | None] = mapped_column(String(256))
 
 
 class TrainingRunRow(Base):
@@ -50,12 +52,13 @@ class CheckpointRow(Base):
 
     run_id: Mapped[str] = mapped_column(ForeignKey("training_runs.run_id"), primary_key=True)
     checkpoint_id: Mapped[str] = mapped_column(String(300), primary_key=True)  # "<kind>/<name>"
-    kind: Mapped[str] = mapped_column(String(32))  # weights | sampler_weights
+    kind: Mapped[str] = mapped_column(String(32))  # weights | sampler_weights | external_weights
     owner: Mapped[str] = mapped_column(String(64), index=True)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
     user_metadata: Mapped[dict | None] = mapped_column(JSON)
+    public: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class SamplingSessionRow(Base):

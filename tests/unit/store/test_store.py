@@ -77,7 +77,11 @@ def test_checkpoints_overwrite_delete_and_expire(store: Store) -> None:
     store.add_checkpoint(row("a"), overwrite=True)
     store.add_checkpoint(row("old", now - timedelta(seconds=5)), overwrite=False)
     assert [c.checkpoint_id for c in store.expired_checkpoints(now)] == ["weights/old"]
-    assert len(store.list_checkpoints(run_id, "alice")) == 2
+    # an expired checkpoint is gone from lists and reads before the sweeper deletes it
+    assert [c.checkpoint_id for c in store.list_checkpoints(run_id, "alice")] == ["weights/a"]
+    assert store.list_user_checkpoints("alice", 10, 0)[1] == 1
+    with pytest.raises(NotFoundError):
+        store.get_checkpoint(run_id, "weights/old", "alice")
     store.delete_checkpoint(run_id, "weights/a", "alice")
     with pytest.raises(NotFoundError):
         store.get_checkpoint(run_id, "weights/a", "alice")
@@ -98,3 +102,63 @@ def test_latest_checkpoints_of_many_runs_in_one_query(store: Store) -> None:
         (run, kind): f"{kind}/2" for run in runs[:2] for kind in ("weights", "sampler_weights")
     }
     assert store.latest_checkpoints(runs[2:], ("weights",)) == {} == store.latest_checkpoints([], ("weights",))
+
+
+def test_published_checkpoints_are_readable_by_any_key_only_where_asked(store: Store) -> None:
+    run_id = _run(store, _session(store))
+    store.add_checkpoint(CheckpointRow(run_id=run_id, checkpoint_id="weights/p", kind="weights", owner="alice",
+                                       size_bytes=1), overwrite=False)
+    with pytest.raises(NotFoundError):
+        store.get_checkpoint(run_id, "weights/p", "bob", public_ok=True)
+    with pytest.raises(NotFoundError):  # only the owner publishes
+        store.update_checkpoint(run_id, "weights/p", "bob", public=True)
+    store.update_checkpoint(run_id, "weights/p", "alice", public=True)
+    assert store.get_checkpoint(run_id, "weights/p", "bob", public_ok=True).public
+    with pytest.raises(NotFoundError):  # reads that do not load or sample stay the owner's
+        store.get_checkpoint(run_id, "weights/p", "bob")
+    store.update_checkpoint(run_id, "weights/p", "alice", public=False)
+    with pytest.raises(NotFoundError):
+        store.get_checkpoint(run_id, "weights/p", "bob", public_ok=True)
+
+
+def test_user_checkpoints_page_newest_first(store: Store) -> None:
+    owner = uuid.uuid4().hex
+    run_id = _run(store, _session(store, owner), owner)
+    start = datetime.now(timezone.utc)
+    for i in range(5):
+        store.add_checkpoint(CheckpointRow(run_id=run_id, checkpoint_id=f"weights/{i}", kind="weights", owner=owner,
+                                           size_bytes=1, created_at=start + timedelta(seconds=i)), overwrite=False)
+    pages = [store.list_user_checkpoints(owner, 2, offset) for offset in (0, 2, 4)]
+    assert [[r.checkpoint_id for r in rows] for rows, _ in pages] == [
+        ["weights/4", "weights/3"], ["weights/2", "weights/1"], ["weights/0"]]
+    assert {total for _, total in pages} == {5}
+
+
+def test_sessions_page_by_cursor_newest_first(store: Store) -> None:
+    owner = uuid.uuid4().hex
+    ids = [_session(store, owner) for _ in range(3)]
+    first = store.sessions_before(owner, None, None, 2)
+    rest = store.sessions_before(owner, None, (first[-1].created_at, first[-1].session_id), 2)
+    assert sorted(r.session_id for r in first + rest) == sorted(ids) and len(rest) == 1
+    store.set_session_project(ids[0], owner, "p1")
+    assert [r.session_id for r in store.sessions_before(owner, ["p1"], None, 5)] == [ids[0]]
+
+
+def test_columns_added_by_newer_tx_are_added_to_an_old_database(tmp_path) -> None:
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    old = create_engine(url)
+    with old.begin() as conn:  # the checkpoints table as tx made it before `public` existed
+        conn.execute(text("CREATE TABLE checkpoints (run_id VARCHAR(128) NOT NULL, checkpoint_id VARCHAR(300) "
+                          "NOT NULL, kind VARCHAR(32), owner VARCHAR(64), size_bytes BIGINT, created_at DATETIME, "
+                          "expires_at DATETIME, user_metadata JSON, PRIMARY KEY (run_id, checkpoint_id))"))
+    old.dispose()
+    store = Store.from_url(url)
+    sid = _session(store)
+    run_id = _run(store, sid)
+    store.add_checkpoint(CheckpointRow(run_id=run_id, checkpoint_id="weights/x", kind="weights", owner="alice",
+                                       size_bytes=1), overwrite=False)
+    store.update_checkpoint(run_id, "weights/x", "alice", public=True)
+    assert store.get_checkpoint(run_id, "weights/x", "zed", public_ok=True).public
+    store.close()

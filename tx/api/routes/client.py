@@ -32,7 +32,10 @@ async def client_config(
     # request never sees its response and stalls until the SDK's 45-60 s read timeout. Closing the
     # connection here makes the client close it at once, on its own loop, leaving nothing to tear down.
     response.headers["Connection"] = "close"
-    return ClientConfigResponse(proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd)
+    return ClientConfigResponse(
+        proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd,
+        sample_use_retrieve_futures=ctx.settings.sample_use_retrieve_futures,
+    )
 
 
 @router.get("/healthz")

@@ -1,7 +1,9 @@
-"""retrieve_future: a long-poll that answers with the result, a failure, or try_again."""
+"""Futures: retrieve_future (a long-poll: the result, a failure, or try_again), retrieve_futures
+(the batch long-poll of one sampling session's completions) and cancel_future."""
 
 from __future__ import annotations
 
+import asyncio
 from functools import singledispatch
 
 from fastapi import APIRouter, Response
@@ -11,19 +13,24 @@ from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.codec import encode_forward_backward_output, encode_sample_response
 from tx.api.wire.schemas import (
+    CancelFutureRequest,
     CreateModelResponse,
+    FutureCompletion,
+    FuturesRetrieveRequest,
+    FuturesRetrieveResponse,
     LoadWeightsResponse,
     OptimStepResponse,
     RequestFailedResponse,
     RetrieveFutureRequest,
+    SaveWeightsExternalResponse,
     SaveWeightsForSamplerResponse,
     SaveWeightsResponse,
     TryAgainResponse,
 )
-from tx.core.results import CheckpointSaved, ModelCreated, SamplerSaved, WeightsLoaded
+from tx.core.results import CheckpointSaved, ExternalSaved, ModelCreated, SamplerSaved, WeightsLoaded
 from tx.types import ForwardBackwardResult, OptimStepResult, SampleResult
 
-router = APIRouter(tags=["futures"], responses=COMMON_ERRORS | error_responses(404))
+router = APIRouter(tags=["futures"], responses=COMMON_ERRORS | error_responses(404, 409))
 PROTOBUF = "application/x-protobuf"
 
 
@@ -35,6 +42,26 @@ async def retrieve_future(body: RetrieveFutureRequest, ctx: Ctx, caller: Caller)
     if future.failure is not None:
         return _json(RequestFailedResponse(error=future.failure.message, category=future.failure.category))
     return encode_result(future.result)
+
+
+@router.post("/retrieve_futures")
+async def retrieve_futures(body: FuturesRetrieveRequest, ctx: Ctx, caller: Caller) -> FuturesRetrieveResponse:
+    target = body.target
+    await asyncio.to_thread(ctx.store.get_sampling_session, target.sampling_session_id, caller.owner)
+    ctx.futures.forget(body.retrieved_request_ids, caller.owner)
+    timeout = ctx.settings.long_poll_s if body.timeout is None else min(body.timeout, ctx.settings.long_poll_s)
+    events, cursor = await ctx.futures.feeds.poll(
+        (target.sampling_session_id, target.cloned_sampler_id), body.prev_cursor, timeout
+    )
+    completions = [FutureCompletion(state="failed" if e.failed else "finished", request_id=e.request_id)
+                   for e in events]
+    return FuturesRetrieveResponse(completions=completions, cursor=cursor)
+
+
+@router.post("/cancel_future")
+async def cancel_future(body: CancelFutureRequest, ctx: Ctx, caller: Caller) -> dict:
+    ctx.sampling.cancel(caller.owner, body.request_id)
+    return {"request_id": body.request_id, "cancelled": True}
 
 
 def _json(model: BaseModel) -> Response:
@@ -74,6 +101,11 @@ def _(result: CheckpointSaved) -> Response:
 @encode_result.register
 def _(result: SamplerSaved) -> Response:
     return _json(SaveWeightsForSamplerResponse(path=result.path, sampling_session_id=result.sampling_session_id))
+
+
+@encode_result.register
+def _(result: ExternalSaved) -> Response:
+    return _json(SaveWeightsExternalResponse(path=result.path, size_bytes=result.size_bytes))
 
 
 @encode_result.register

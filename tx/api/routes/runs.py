@@ -1,25 +1,22 @@
-"""Training runs, their checkpoints, and weights_info (REST reads and checkpoint deletion)."""
+"""Training runs and weights_info (REST reads; checkpoints are in `checkpoints`)."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
-from typing import Any
 
 from fastapi import APIRouter, Query
 
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses, safe_text
+from tx.api.routes.checkpoints import checkpoint_view, str_values, utc
 from tx.api.wire.rest_schemas import (
-    Checkpoint,
-    CheckpointsListResponse,
     Cursor,
     TrainingRun,
     TrainingRunsResponse,
     WeightsInfoRequest,
     WeightsInfoResponse,
 )
-from tx.core.checkpoints import CHECKPOINT_TYPE, TinkerPath
+from tx.core.checkpoints import TinkerPath
 from tx.store.tables import CheckpointRow, TrainingRunRow
 
 router = APIRouter(tags=["runs"], responses=COMMON_ERRORS | error_responses(404, 409))
@@ -43,23 +40,13 @@ async def get_run(run_id: str, ctx: Ctx, caller: Caller) -> TrainingRun:
     return (await asyncio.to_thread(_runs, ctx, [row]))[0]
 
 
-@router.get("/training_runs/{run_id}/checkpoints")
-async def list_checkpoints(run_id: str, ctx: Ctx, caller: Caller) -> CheckpointsListResponse:
-    rows = await asyncio.to_thread(ctx.store.list_checkpoints, run_id, caller.owner)
-    return CheckpointsListResponse(checkpoints=[_checkpoint(r) for r in rows])
-
-
-@router.delete("/training_runs/{run_id}/checkpoints/{checkpoint_id:path}")
-async def delete_checkpoint(run_id: str, checkpoint_id: str, ctx: Ctx, caller: Caller) -> dict:
-    await asyncio.to_thread(ctx.service.delete_checkpoint, caller.owner, run_id, checkpoint_id)
-    return {"deleted": f"tinker://{run_id}/{checkpoint_id}"}
-
-
 @router.post("/weights_info")
 async def weights_info(body: WeightsInfoRequest, ctx: Ctx, caller: Caller) -> WeightsInfoResponse:
     path = TinkerPath.parse(body.tinker_path)
-    await asyncio.to_thread(ctx.store.get_checkpoint, path.run_id, path.checkpoint_id, caller.owner)
-    run = await asyncio.to_thread(ctx.store.get_run, path.run_id, caller.owner)
+    row = await asyncio.to_thread(
+        ctx.store.get_checkpoint, path.run_id, path.checkpoint_id, caller.owner, public_ok=True
+    )
+    run = await asyncio.to_thread(ctx.store.get_run, path.run_id, row.owner)
     lora = run.lora_config
     return WeightsInfoResponse(
         base_model=run.base_model,
@@ -84,31 +71,10 @@ def _run(row: TrainingRunRow, last: CheckpointRow | None, last_sampler: Checkpoi
         base_model=row.base_model,
         model_owner=row.owner,
         is_lora=True,
-        last_request_time=_utc(row.last_request_time),
+        last_request_time=utc(row.last_request_time),
         corrupted=row.corrupted,
         lora_rank=row.lora_rank,
-        last_checkpoint=_checkpoint(last) if last else None,
-        last_sampler_checkpoint=_checkpoint(last_sampler) if last_sampler else None,
-        user_metadata=_str_values(row.user_metadata),
+        last_checkpoint=checkpoint_view(last) if last else None,
+        last_sampler_checkpoint=checkpoint_view(last_sampler) if last_sampler else None,
+        user_metadata=str_values(row.user_metadata),
     )
-
-
-def _checkpoint(row: CheckpointRow) -> Checkpoint:
-    return Checkpoint(
-        checkpoint_id=row.checkpoint_id,
-        checkpoint_type=CHECKPOINT_TYPE[row.kind],
-        time=_utc(row.created_at),
-        tinker_path=f"tinker://{row.run_id}/{row.checkpoint_id}",
-        size_bytes=row.size_bytes,
-        user_metadata=_str_values(row.user_metadata),
-        expires_at=_utc(row.expires_at) if row.expires_at else None,
-    )
-
-
-def _utc(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-
-
-def _str_values(metadata: dict[str, Any] | None) -> dict[str, str] | None:
-    """Metadata as text; anything not encodable (stored before requests were checked) is escaped."""
-    return None if metadata is None else {safe_text(str(k)): safe_text(str(v)) for k, v in metadata.items()}

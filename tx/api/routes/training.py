@@ -23,6 +23,7 @@ from tx.api.wire.schemas import (
     LoadWeightsRequest,
     ModelData,
     OptimStepRequest,
+    SaveWeightsExternalRequest,
     SaveWeightsForSamplerRequest,
     SaveWeightsRequest,
     UntypedAPIFuture,
@@ -139,6 +140,15 @@ async def save_weights_for_sampler(
             ctx.service.save_weights_for_sampler, caller.owner, body.model_id, seq_id, body.path,
             body.sampling_session_seq_id, body.ttl_seconds, body.user_metadata,
         )
+    return _answer(future, body.model_id)
+
+
+@router.post("/save_weights_external")
+async def save_weights_external(body: SaveWeightsExternalRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
+    future = await asyncio.to_thread(
+        ctx.service.save_weights_external, caller.owner, body.model_id, _seq(body.seq_id), body.path,
+        body.ttl_seconds, body.age_encryption_recipients,
+    )
     return _answer(future, body.model_id)
 
 

@@ -1,4 +1,4 @@
-"""JSON bodies of the REST reads (protocol §3.1 rows 8-9 and 27-31), mirroring tinker 0.38.0.
+"""JSON bodies of the REST reads and writes (protocol §3.1 rows 8-9 and 27-40), mirroring tinker 0.38.0.
 
 Row 31 (DELETE a checkpoint) has no body either way: any 2xx will do.
 """
@@ -6,7 +6,7 @@ Row 31 (DELETE a checkpoint) has no body either way: any 2xx will do.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -83,3 +83,81 @@ class TrainingRun(WireResponse):
 class TrainingRunsResponse(WireResponse):
     training_runs: list[TrainingRun]
     cursor: Cursor
+
+
+class CheckpointTtlRequest(WireRequest):
+    """PUT .../checkpoints/{id}/ttl: seconds from now (1 hour to 10 years), or null for never."""
+
+    ttl_seconds: int | None = None
+
+
+class ExternalWeightsUrlsResponse(WireResponse):
+    urls: dict[str, str] = Field(description="signed URL per file, by its path in the checkpoint")
+    expires: datetime
+
+
+# Sessions (rows 36-40)
+
+
+class ListSessionsResponse(WireResponse):
+    sessions: list[str]
+
+
+class GetSessionResponse(WireResponse):
+    training_run_ids: list[str]
+    sampler_ids: list[str]
+    user_metadata: dict[str, str] | None = None
+    display_name: str | None = None
+
+
+class AssignProjectRequest(WireRequest):
+    project_id: str = Field(min_length=1, max_length=128)
+
+
+class TraceExportResponse(WireResponse):
+    status: Literal["pending", "ready", "failed"]
+    url: str | None = None
+    error: str | None = None
+
+
+class SessionStatusQuery(WireRequest):
+    type: Literal["active", "cancelled", "failed", "client_finished"]
+    reasons: list[Literal["success", "errored", "interrupted"]] | None = Field(None, min_length=1)
+
+
+class SessionSearchOwner(WireRequest):
+    type: Literal["own", "accessible", "user"] = "own"
+    owner_urns: list[str] | None = None
+
+
+class SessionSearchCursor(WireRequest):
+    last_created_at: datetime
+    last_session_id: str
+
+
+class SessionSearchRequest(WireRequest):
+    session_id: str | None = None
+    project_ids: list[str] | None = None
+    user_metadata: dict[str, str] = Field(default_factory=dict)
+    display_name: str | None = Field(None, min_length=1)
+    owner: SessionSearchOwner = Field(default_factory=SessionSearchOwner)
+    statuses: list[SessionStatusQuery] | None = Field(None, min_length=1)
+    limit: int = Field(50, ge=1, le=200)
+    cursor: SessionSearchCursor | None = None
+
+
+class SessionSummary(WireResponse):
+    session_id: str
+    created_at: datetime
+    owner: str
+    project_id: str
+    status: dict[str, Any] | None = None
+    checkpoints_count: int
+    display_name: str | None = None
+    user_metadata: dict[str, str] | None = None
+    checkpoint_storage_bytes: int | None = None
+
+
+class SessionSearchResponse(WireResponse):
+    sessions: list[SessionSummary]
+    next_cursor: SessionSearchCursor | None = None

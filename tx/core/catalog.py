@@ -1,0 +1,88 @@
+"""The checkpoint catalog: listing, TTLs, publishing, deletion, and download links.
+
+Rules:
+- A checkpoint belongs to the key that saved it. Only that key lists, deletes, publishes or
+  changes the TTL of it; any other key gets 404, as if it did not exist.
+- A published checkpoint can also be loaded and sampled by any key (see `TrainingService`), and
+  by nobody else before it is published or after it is unpublished.
+- An expired checkpoint is gone at once from every list and read; the sweeper
+  (`delete_expired`) then removes its row and frees its files.
+- Deleting removes the row first, then the files, so a failed delete never leaves a listed
+  checkpoint without files.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_ttl
+from tx.core.downloads import DownloadSigner, LinkScope
+from tx.store.store import Store
+from tx.store.tables import CheckpointRow
+from tx.types import NotFoundError, UserError
+
+
+class CheckpointCatalog:
+    def __init__(self, store: Store, files: CheckpointFiles, signer: DownloadSigner) -> None:
+        self.store = store
+        self.files = files
+        self.signer = signer
+
+    def list_for_user(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointRow], int]:
+        return self.store.list_user_checkpoints(owner, limit, offset)
+
+    def set_ttl(self, owner: str, run_id: str, checkpoint_id: str, ttl_s: int | None) -> None:
+        """Expire `ttl_s` seconds from now, or never (None)."""
+        _path(run_id, checkpoint_id)
+        validate_ttl(ttl_s)
+        expires = datetime.now(timezone.utc) + timedelta(seconds=ttl_s) if ttl_s is not None else None
+        self.store.update_checkpoint(run_id, checkpoint_id, owner, expires_at=expires)
+
+    def set_public(self, owner: str, run_id: str, checkpoint_id: str, public: bool) -> None:
+        path = _path(run_id, checkpoint_id)
+        if path.kind == "external_weights" and public:
+            raise UserError("external weights are downloaded with signed URLs; publish the weights/ or "
+                            "sampler_weights/ checkpoint instead")
+        self.store.update_checkpoint(run_id, checkpoint_id, owner, public=public)
+
+    def delete(self, owner: str, run_id: str, checkpoint_id: str) -> None:
+        path = _path(run_id, checkpoint_id)
+        self.store.delete_checkpoint(run_id, checkpoint_id, owner)
+        self.files.delete(path)
+
+    def delete_expired(self) -> int:
+        expired = self.store.expired_checkpoints(datetime.now(timezone.utc))
+        for row in expired:
+            self.delete(row.owner, row.run_id, row.checkpoint_id)
+        return len(expired)
+
+    # -- download links ---------------------------------------------------------------------
+    def external_weights_links(self, owner: str, run_id: str, checkpoint_id: str) -> tuple[dict[str, str], datetime]:
+        """({relative path: link token}, expiry) for every file of an external-weights checkpoint."""
+        path = _path(run_id, checkpoint_id)
+        if path.kind != "external_weights":
+            raise UserError(f"{path} is not an external_weights checkpoint; export one with save_weights_external")
+        self.store.get_checkpoint(run_id, checkpoint_id, owner)
+        tokens, expires = {}, 0.0
+        for name in self.files.files(path):
+            tokens[name], expires = self.signer.sign(
+                LinkScope(kind="file", owner=owner, run_id=run_id, checkpoint_id=checkpoint_id, file=name)
+            )
+        if not tokens:
+            raise NotFoundError(f"checkpoint {path} has no files")
+        return tokens, datetime.fromtimestamp(expires, timezone.utc)
+
+    def linked_file(self, scope: LinkScope) -> Path:
+        """The file a verified link names, if its checkpoint still exists and has not expired."""
+        if scope.kind != "file":
+            raise NotFoundError("not a checkpoint file link")
+        self.store.get_checkpoint(scope.run_id, scope.checkpoint_id, scope.owner)
+        found = self.files.files(_path(scope.run_id, scope.checkpoint_id)).get(scope.file)
+        if found is None or found.is_symlink():
+            raise NotFoundError(f"file {scope.file!r} is no longer in tinker://{scope.run_id}/{scope.checkpoint_id}")
+        return found
+
+
+def _path(run_id: str, checkpoint_id: str) -> TinkerPath:
+    return TinkerPath.parse(f"tinker://{run_id}/{checkpoint_id}")
