@@ -28,6 +28,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--trainer-workers", type=int,
                    help="trainer worker processes sharing one model with FSDP2 (default 1: in the server process)")
+    _trainer_arguments(p)
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
     p.add_argument("--max-json-bytes", type=int, help="largest body of any other route (default 4 MiB)")
@@ -36,7 +37,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-tensor-parallel-size", type=int, help="GPUs per vLLM engine (default 1)")
     p.add_argument("--engine-memory-share", type=float, help="share of GPU memory per vLLM engine")
     p.add_argument("--engine-dtype", choices=("float32", "bfloat16", "float16"),
-                   help="vLLM engine dtype (default float32, the trainer's)")
+                   help="vLLM engine dtype (default: the trainer's, --train-dtype)")
     p.add_argument(
         "--engine-colocate", action=argparse.BooleanOptionalAction, default=None,
         help="engines share the trainer's accelerator and sleep during training (default: on with a GPU)",
@@ -44,6 +45,17 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ray-address", help="place engines as Ray actors ('auto', 'host:port', or 'local')")
     p.add_argument("--engine-sleep-level", type=int, choices=(1, 2), help="sleep level for colocated engines")
     _image_arguments(p)
+
+
+def _trainer_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train-micro-batch-tokens", type=int,
+                   help="tokens per trainer micro-batch (default 8192 on CPU, from free memory on CUDA)")
+    p.add_argument("--train-dtype", choices=("float32", "bfloat16", "float16"),
+                   help="dtype of the base weights (default bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                   help="recompute decoder activations in backward (default: on with CUDA)")
+    p.add_argument("--train-max-sequence-tokens", type=int,
+                   help="longest datum accepted for training (default: the model's context)")
 
 
 def _image_arguments(p: argparse.ArgumentParser) -> None:

@@ -47,6 +47,22 @@ class Settings(BaseSettings):
         description="Trainer worker processes, one model sharded over them with FSDP2 (one GPU each on a GPU "
         "machine). 1 = the trainer runs inside the server process.",
     )
+    train_micro_batch_tokens: int | None = Field(
+        None, ge=1, description="Tokens per trainer micro-batch (a longer sequence runs alone). Default: 8192 "
+        "on CPU; on CUDA derived from free memory and the model's size.",
+    )
+    train_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Dtype of the trainer's base weights (LoRA weights, AdamW state, logprobs and losses "
+        "stay float32). Default: bfloat16 on CUDA, float32 on CPU.",
+    )
+    gradient_checkpointing: bool | None = Field(
+        None, description="Recompute decoder activations in backward (less memory, ~1/3 more compute). "
+        "Default: on with CUDA, off on CPU.",
+    )
+    train_max_sequence_tokens: int | None = Field(
+        None, ge=1, description="Longest datum the trainer accepts; longer ones are refused as a user error. "
+        "Default: the model's context length.",
+    )
     long_poll_s: float = Field(30.0, gt=0, le=40, description="How long retrieve_future holds a poll.")
     seq_gap_timeout_s: float = Field(
         120.0,
@@ -84,10 +100,10 @@ class Settings(BaseSettings):
     engine_memory_share: float | None = Field(
         None, gt=0, le=1, description="Share of each GPU's memory a vLLM engine may use (vLLM's default if unset)."
     )
-    engine_dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32",
-        description="Weights and compute dtype of vLLM engines. float32 is the trainer's: sampled logprobs then "
-        "equal the trainer's; bfloat16 is faster on GPUs, with logprobs ~1e-2 off. (The embedded engine is float32.)",
+    engine_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="Weights and compute dtype of vLLM engines. Default: the trainer's (--train-dtype), so "
+        "sampled logprobs match the trainer's. (The embedded engine is float32.)",
     )
     engine_colocate: bool | None = Field(
         None,
@@ -154,6 +170,17 @@ class Settings(BaseSettings):
                 "(any 'tml-' key is accepted only on loopback)"
             )
         return self
+
+    @property
+    def resolved_engine_dtype(self) -> str:
+        """--engine-dtype, or the trainer's dtype when unset."""
+        if self.engine_dtype is not None:
+            return self.engine_dtype
+        if self.train_dtype is not None:
+            return self.train_dtype
+        from tx.backends.torch.settings import default_train_dtype
+
+        return default_train_dtype(self.device)
 
     @property
     def store_url(self) -> str:

@@ -18,6 +18,7 @@ from tx.api.limits import BodyLimit
 from tx.api.routes import checkpoints, client, downloads, futures, runs, sampling, sessions, training
 from tx.backends import create_backend
 from tx.backends.base import TrainingBackend
+from tx.backends.torch.settings import TrainerSettings
 from tx.config import Settings
 from tx.core.catalog import CheckpointCatalog
 from tx.core.checkpoints import CheckpointFiles
@@ -75,7 +76,7 @@ def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launc
     secret, work_dir = secrets.token_urlsafe(32), settings.data_dir / "engines"
     tp, options = settings.engine_tensor_parallel_size, {"max_adapters": settings.engine_max_adapters}
     if settings.engine == "vllm":
-        options.update(dtype=settings.engine_dtype, gpu_memory_utilization=settings.engine_memory_share,
+        options.update(dtype=settings.resolved_engine_dtype, gpu_memory_utilization=settings.engine_memory_share,
                        extra_args=["--tensor-parallel-size", str(tp)])
     if settings.ray_address is None:
         if settings.engine == "vllm":
@@ -103,12 +104,21 @@ def checkpoint_files(root: Path) -> CheckpointFiles:
     return files
 
 
+def trainer_settings(settings: Settings) -> TrainerSettings:
+    return TrainerSettings(
+        micro_batch_tokens=settings.train_micro_batch_tokens, dtype=settings.train_dtype,
+        gradient_checkpointing=settings.gradient_checkpointing,
+        max_sequence_tokens=settings.train_max_sequence_tokens,
+    )
+
+
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Context:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
     images = ImageInputs.from_settings(settings)
     backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits,
-                             workers=settings.trainer_workers)
+                             workers=settings.trainer_workers,
+                             trainer=trainer_settings(settings))
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)

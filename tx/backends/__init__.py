@@ -8,15 +8,22 @@ from typing import TYPE_CHECKING
 from tx.backends.base import TrainingBackend
 
 if TYPE_CHECKING:
+    from tx.backends.torch.settings import TrainerSettings
     from tx.multimodal import ImageLimits
 
 
 def create_backend(
-    name: str, models: dict[str, Path], *, device: str = "auto", image_limits: ImageLimits | None = None,
+    name: str,
+    models: dict[str, Path],
+    *,
+    device: str = "auto",
+    image_limits: ImageLimits | None = None,
     workers: int = 1,
+    trainer: TrainerSettings | None = None,
 ) -> TrainingBackend:
     """Build the backend called `name`, importing its heavy library only now; with `workers` > 1 the trainer
-    runs on that many worker processes (torch only)."""
+    runs on that many worker processes (torch only). `trainer`: micro-batch budget, dtype and checkpointing
+    of the torch trainer (device defaults when None)."""
     if name == "torch" and workers > 1:
         from tx.backends.torch.workers import create_workers_backend
 
@@ -24,5 +31,5 @@ def create_backend(
     if name == "torch":
         from tx.backends.torch.backend import TorchBackend
 
-        return TorchBackend(models, device=device, image_limits=image_limits)
+        return TorchBackend(models, device=device, image_limits=image_limits, settings=trainer)
     raise ValueError(f"unknown training backend {name!r}: choose 'torch' (jax is not available yet)")

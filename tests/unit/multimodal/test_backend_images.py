@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from image_helpers import encode
 
 from tx.types import (
@@ -76,3 +77,36 @@ def test_bad_images_name_the_datum(backend) -> None:
     for reason, data in cases.items():
         with pytest.raises(UserError, match=reason):
             forward(backend, data)
+
+
+def test_micro_batched_images_equal_one_pass(vlm_dir) -> None:
+    """Image and text datums cut into micro-batches of 100 tokens (each image datum alone, in padded rows),
+    logprobs 3 positions at a time, against one micro-batch with one chunk (the full logits)."""
+    from tx.backends.torch import logprobs
+    from tx.backends.torch.backend import TorchBackend
+    from tx.backends.torch.settings import TrainerSettings
+    from tx.multimodal import ImageLimits
+
+    text = [Datum(ModelInput.from_tokens(list(range(5, 5 + n))), {
+        "target_tokens": np.arange(6, 6 + n), "weights": np.linspace(-1, 1, n, dtype=np.float32)}) for n in (9, 30)]
+    data = [datum((255, 0, 0)), text[0], datum((0, 0, 255), (32, 32), 64, prefix=(2001, 2003)), text[1]]
+    results = {}
+    for name, budget, chunk in (("micro", 100, 3), ("one", 10_000, 1 << 30)):
+        backend = TorchBackend({"vlm": vlm_dir}, device="cpu", image_limits=ImageLimits(max_pixels=50_000),
+                               settings=TrainerSettings(micro_batch_tokens=budget))
+        backend.create_model("run", "vlm", LoraConfig(rank=4, seed=0))
+        with torch.no_grad():
+            for index, (_, tensor) in enumerate(backend.iter_trainable_weights("run")):
+                tensor.copy_(torch.randn(tensor.shape, generator=torch.Generator().manual_seed(index)) * 0.05)
+        vocab = backend._hosts["vlm"].vocab_size
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(logprobs, "CHUNK_LOGITS", chunk * vocab)
+            out = forward(backend, data, forward_only=False)
+        results[name] = (out, {n: g.clone() for n, g in backend.gradients("run").items()})
+    (micro, micro_grads), (one, one_grads) = results["micro"], results["one"]
+    for got, want in zip(micro.loss_fn_outputs, one.loss_fn_outputs):
+        np.testing.assert_allclose(got["logprobs"], want["logprobs"], rtol=1e-5, atol=1e-5)
+    assert micro.metrics["loss:sum"] == pytest.approx(one.metrics["loss:sum"], rel=1e-5, abs=1e-5)
+    for name, want in one_grads.items():
+        error, scale = float((micro_grads[name] - want).abs().max()), max(1.0, float(want.abs().max()))
+        assert error <= 1e-5 * scale, f"{name}: {error} at scale {scale}"

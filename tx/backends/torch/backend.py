@@ -1,9 +1,11 @@
 """`TorchBackend`: Hugging Face causal LMs with PEFT LoRA runs, trained with AdamW.
 
 One base model is loaded per served name (on the first run created on it) and shared by every
-run on it; each run is a named PEFT adapter with its own AdamW (see `lora.py`). A request is one
-padded forward pass over all its datums; gradients accumulate in the run's LoRA parameters until
-`optim_step`. The core calls these methods from one thread, one at a time.
+run on it; each run is a named PEFT adapter with its own AdamW (see `lora.py`). A request is validated
+whole, then cut into micro-batches of at most `micro_batch_tokens` tokens (`plan.py`), each packed into
+rows (`batch.py`) and run by `step.run_micro_batch`: the body, a chunked head that never holds tokens x
+vocab logits (`logprobs.py`), the loss and its backward. Gradients accumulate in the run's LoRA
+parameters until `optim_step`. The core calls these methods from one thread, one at a time.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,15 @@ import torch
 from tx.backends.base import TrainingBackend
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
-from tx.backends.torch.batch import pack_batch
-from tx.backends.torch.logprobs import target_logprobs
+from tx.backends.torch.batch import build_micro_batch, prepare_data
 from tx.backends.torch.lora import AdapterHost
+from tx.backends.torch.memory import OUT_OF_MEMORY, TrainerOutOfMemory, out_of_memory_message, release
 from tx.backends.torch.model import load_causal_lm, read_model_info, resolve_device
-from tx.backends.torch.ops import TORCH_OPS
 from tx.backends.torch.optim import adam_step, new_optimizer
+from tx.backends.torch.plan import plan_micro_batches
 from tx.backends.torch.run import Run
+from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS, TrainerSettings
+from tx.backends.torch.step import run_micro_batch
 from tx.multimodal import ImageLimits, vision_processor
 from tx.types import (
     AdamParams,
@@ -46,12 +49,20 @@ logger = logging.getLogger(__name__)
 
 class TorchBackend(TrainingBackend):
     def __init__(
-        self, models: dict[str, Path], *, device: str = "auto", image_limits: ImageLimits | None = None
+        self,
+        models: dict[str, Path],
+        *,
+        device: str = "auto",
+        image_limits: ImageLimits | None = None,
+        settings: TrainerSettings | None = None,
     ) -> None:
         """`models` maps each served base-model name to a local HF model directory; `image_limits` caps
-        the images in training data (vision-language models)."""
+        the images in training data (vision-language models); `settings` the micro-batch budget, dtype
+        and checkpointing (defaults chosen for the device)."""
         self._paths = {name: Path(path) for name, path in models.items()}
         self.device = resolve_device(device)
+        self.settings = (settings or TrainerSettings()).resolved(self.device.type)
+        self._budgets: dict[str, int] = {}
         self._image_limits = image_limits or ImageLimits()
         self._infos: dict[str, BaseModelInfo] = {}
         self._hosts: dict[str, AdapterHost] = {}
@@ -75,8 +86,21 @@ class TorchBackend(TrainingBackend):
 
     def _host(self, base_model: str) -> AdapterHost:
         if base_model not in self._hosts:
-            self._hosts[base_model] = AdapterHost(load_causal_lm(self._paths[base_model], self.device))
+            dtype, checkpointing = getattr(torch, self.settings.dtype), bool(self.settings.gradient_checkpointing)
+            model = load_causal_lm(self._paths[base_model], self.device, dtype, checkpointing)
+            self._hosts[base_model] = AdapterHost(model)
+            self._budgets[base_model] = self._budget(model, dtype, checkpointing)
+            logger.info("%s: micro-batches of up to %d tokens", base_model, self._budgets[base_model])
         return self._hosts[base_model]
+
+    def _budget(self, model: torch.nn.Module, dtype: torch.dtype, checkpointing: bool) -> int:
+        if self.settings.micro_batch_tokens is not None:
+            return self.settings.micro_batch_tokens
+        if self.device.type == "cuda":
+            from tx.backends.torch.memory import default_cuda_budget
+
+            return default_cuda_budget(model, self.device, dtype, checkpointing)
+        return CPU_MICRO_BATCH_TOKENS
 
     # ---- runs ----
 
@@ -112,22 +136,33 @@ class TorchBackend(TrainingBackend):
         loss_fn = get_loss(batch.loss_fn)
         config = loss_fn.resolve_config(batch.loss_fn_config)
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
-        packed = pack_batch(batch.data, loss_fn, info, self.device, vision, self._image_limits)
-        host = self._hosts[run.base_model]
-        host.activate(run.adapter)
-        with torch.no_grad() if batch.forward_only else nullcontext():
-            logits = host.logits(packed.input_ids, packed.attention_mask, packed.vision)
-            logp = target_logprobs(logits, packed.targets)
-            del logits
-            terms = loss_fn.compute(TORCH_OPS, logp, packed.inputs, config)
-            loss = torch.where(packed.mask, terms, 0.0).sum()
-        if not batch.forward_only:
-            loss.backward()
-        outputs = [{"logprobs": lp} for lp in packed.split(logp)]
-        metrics = {"loss:sum": float(loss.detach())}
-        elapsed = time.perf_counter() - start
-        logger.debug("forward_backward %s: %d datums in %.3fs", model_id, len(outputs), elapsed)
-        return ForwardBackwardResult(loss_fn_outputs=outputs, metrics=metrics)
+        items = prepare_data(
+            batch.data, loss_fn, info, vision, self._image_limits, self.settings.max_sequence_tokens
+        )
+        host, budget = self._hosts[run.base_model], self._budgets[run.base_model]
+        groups = plan_micro_batches([item.num_tokens for item in items], budget)
+        saved = None if batch.forward_only else _grads(run)
+        try:
+            outputs, loss = [], 0.0
+            for group in groups:
+                micro = build_micro_batch([items[i] for i in group], self.device, vision)
+                result = run_micro_batch(host, run.adapter, micro, loss_fn, config, batch.forward_only)
+                outputs += [{"logprobs": lp} for lp in result.logprobs]
+                loss += result.loss
+                del micro, result
+        except OUT_OF_MEMORY as exc:
+            message = out_of_memory_message(exc, self.device, budget)
+        else:
+            elapsed = time.perf_counter() - start
+            logger.debug("forward_backward %s: %d datums, %d micro-batches in %.3fs",
+                         model_id, len(outputs), len(groups), elapsed)
+            return ForwardBackwardResult(loss_fn_outputs=outputs, metrics={"loss:sum": loss})
+        # outside the except block, so nothing refers to the failed step's frames any more
+        if saved is not None:
+            _restore_grads(run, saved)
+        release(self.device)
+        logger.error("forward_backward %s: %s", model_id, message)
+        raise TrainerOutOfMemory(message)
 
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
         adam.validate()
@@ -177,6 +212,16 @@ class TorchBackend(TrainingBackend):
         """The run's live LoRA tensors (detached, not copied), named as in its PEFT adapter file."""
         for name, param in self._run(model_id).params.items():
             yield name, param.detach()
+
+
+def _grads(run: Run) -> dict[str, torch.Tensor | None]:
+    """Copies of the run's accumulated gradients (LoRA-sized), to undo a step that fails half-way."""
+    return {name: None if p.grad is None else p.grad.clone() for name, p in run.params.items()}
+
+
+def _restore_grads(run: Run, saved: dict[str, torch.Tensor | None]) -> None:
+    for name, param in run.params.items():
+        param.grad = saved[name]
 
 
 def _check_compatible(run: Run, base_model: str, lora: LoraConfig, directory: Path) -> None:

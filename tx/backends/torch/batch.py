@@ -1,13 +1,18 @@
-"""A list of datums packed into right-padded tensors, so one forward pass serves the whole request.
+"""A request's datums, validated, and a micro-batch of them laid out as the model's input tensors.
 
-Shapes: B datums, T = the longest datum's token count, K = the widest target (1 for targets of
-shape (N,)). Targets and loss inputs are (B, T, K); `mask` marks the real (datum, position,
-target) entries, and padding holds target 0 and input 0.
+`prepare_data` checks every datum (images, tokens, loss inputs) before anything runs, so a bad datum fails
+the request with a UserError that names it. `build_micro_batch` then lays some of those datums into rows
+(`plan.py`): packed end to end for text models, one per padded row for vision-language models.
+
+The head works on flat positions, in datum order: datum 0's N_0 positions, then datum 1's, ... (N in all);
+`index` says where each sits in the (rows x width) model input, `targets` is (N, K), K = the widest target (1
+for targets of shape (N,)). The losses see one datum per row, as they expect (gspo averages over a row):
+loss inputs and `mask` are (D, T, K) for D datums of at most T positions, and `scatter` says where each flat
+position goes in the flattened (D x T). Entries outside `mask` hold target 0 and input 0.
 
 Image chunks (vision-language models only) become the model's image placeholder tokens, as many as its image
-processor makes of each image (`tx.multimodal`); `vision` then holds the batch's pixel inputs and
-`mm_token_type_ids` (1 at image positions). Image positions are ordinary positions for targets and outputs:
-each gets a logprob like any other.
+processor makes of each image (`tx.multimodal`); `vision` then holds the micro-batch's pixel inputs and
+`mm_token_type_ids` (1 at image positions). Image positions are ordinary positions for targets and outputs.
 """
 
 from __future__ import annotations
@@ -19,22 +24,47 @@ import torch
 
 from tx.backends.losses import TARGET_KEY, LossFn
 from tx.backends.torch.model import check_tokens
+from tx.backends.torch.plan import RowLayout, pack_rows, pad_rows
 from tx.multimodal import ExpandedInput, ImageLimits, VisionProcessor
 from tx.types import BaseModelInfo, Datum, ModelInput, UserError
 
 
+@dataclass(frozen=True)
+class PreparedDatum:
+    """A validated datum: its model input with images expanded, and its loss inputs as arrays."""
+
+    expanded: ExpandedInput
+    arrays: dict[str, np.ndarray]  # TARGET_KEY -> int64 (N,) or (N, K); float inputs -> float32, same shape
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.expanded.token_ids)
+
+
 @dataclass
-class PackedBatch:
-    input_ids: torch.Tensor  # (B, T) int64
-    attention_mask: torch.Tensor | None  # (B, T) int64; None when no datum is padded
-    targets: torch.Tensor  # (B, T, K) int64
-    inputs: dict[str, torch.Tensor]  # name -> (B, T, K) float32
-    mask: torch.Tensor  # (B, T, K) bool
-    target_shapes: list[tuple[int, ...]]  # each datum's own target shape: (N,) or (N, K)
+class MicroBatch:
+    input_ids: torch.Tensor  # (R, L) int64
+    position_ids: torch.Tensor | None  # (R, L) int64, restarting per datum; None for padded rows
+    attention_mask: torch.Tensor | None  # (R, L) int64 for padded rows of unequal length; else None
+    index: torch.Tensor  # (N,) int64: each flat position's place in the flattened (R * L) input
+    targets: torch.Tensor  # (N, K) int64
+    scatter: torch.Tensor  # (N,) int64: each flat position's place in the flattened (D * T) loss layout
+    inputs: dict[str, torch.Tensor]  # name -> (D, T, K) float32
+    mask: torch.Tensor  # (D, T, K) bool
+    target_shapes: list[tuple[int, ...]]  # each datum's own target shape: (N_i,) or (N_i, K_i)
     vision: dict[str, torch.Tensor] = field(default_factory=dict)  # image inputs; empty without images
 
+    @property
+    def num_tokens(self) -> int:
+        return int(self.index.shape[0])
+
+    def to_rows(self, flat: torch.Tensor) -> torch.Tensor:
+        """An (N, K) per-position tensor laid out (D, T, K), zero outside the datums (differentiable)."""
+        rows = flat.new_zeros((self.mask.shape[0] * self.mask.shape[1], flat.shape[1]))
+        return rows.index_copy(0, self.scatter, flat).view(self.mask.shape)
+
     def split(self, values: torch.Tensor) -> list[np.ndarray]:
-        """Per-datum float32 arrays of a (B, T, K) tensor, each in its datum's target shape."""
+        """Per-datum float32 arrays of a (D, T, K) tensor, each in its datum's target shape."""
         array = values.detach().to("cpu", torch.float32).numpy()
         outputs = []
         for row, shape in zip(array, self.target_shapes, strict=True):
@@ -43,40 +73,101 @@ class PackedBatch:
         return outputs
 
 
-def pack_batch(
+def prepare_data(
     data: list[Datum],
     loss: LossFn,
     info: BaseModelInfo,
-    device: torch.device,
     vision: VisionProcessor | None = None,
     limits: ImageLimits = ImageLimits(),
-) -> PackedBatch:
-    """Validate every datum (images, tokens, then loss inputs) and pack them; UserError names the datum.
+    max_tokens: int | None = None,
+) -> list[PreparedDatum]:
+    """Validate every datum (images, tokens, then loss inputs); UserError names the datum.
 
-    `vision` is the model's image processor (None for a text-only model, which refuses image chunks)."""
+    `vision` is the model's image processor (None for a text-only model, which refuses image chunks);
+    `max_tokens` a cap on one datum's length below the model's context (None: the context)."""
     if not data:
         raise UserError("forward_backward needs at least one datum")
-    expanded = [_expand(datum.model_input, vision, limits, index) for index, datum in enumerate(data)]
-    tokens = [item.token_ids for item in expanded]
-    arrays = []
-    for index, (datum, seq) in enumerate(zip(data, tokens)):
-        check_tokens(seq, info, index)
-        datum_arrays = loss.validate_datum(datum.loss_fn_inputs, len(seq), index, datum.loss_fn_input_spans)
-        _check_targets(datum_arrays[TARGET_KEY], info, index)
-        arrays.append(datum_arrays)
-    lengths = np.array([len(seq) for seq in tokens])
-    input_ids, packed, mask = _pad(tokens, arrays)
-    padded = lengths.min() != lengths.max()
-    attention_mask = (np.arange(lengths.max()) < lengths[:, None]).astype(np.int64) if padded else None
-    return PackedBatch(
+    prepared = []
+    for index, datum in enumerate(data):
+        expanded = _expand(datum.model_input, vision, limits, index)
+        check_tokens(expanded.token_ids, info, index, max_tokens)
+        arrays = loss.validate_datum(
+            datum.loss_fn_inputs, len(expanded.token_ids), index, datum.loss_fn_input_spans
+        )
+        _check_targets(arrays[TARGET_KEY], info, index)
+        prepared.append(PreparedDatum(expanded, arrays))
+    return prepared
+
+
+def build_micro_batch(
+    items: list[PreparedDatum], device: torch.device, vision: VisionProcessor | None = None
+) -> MicroBatch:
+    """The model inputs of `items`: packed rows for a text model, padded rows for a vision-language one.
+
+    Vision-language models fall back to padding: their M-RoPE position ids are 3-D (text, then temporal,
+    height, width) and computed by the model from a row's image grids (`get_rope_index`), so restarting
+    them per datum would mean computing them ourselves for each datum; padded rows keep the model's own."""
+    lengths = [item.num_tokens for item in items]
+    packed = vision is None
+    layout = pack_rows(lengths) if packed else pad_rows(lengths)
+    input_ids, position_ids = _row_tensors(items, layout)
+    index = np.concatenate([seg.row * layout.width + seg.start + np.arange(seg.length) for seg in layout.segments])
+    targets, scatter = _flat_targets([item.arrays[TARGET_KEY] for item in items], max(lengths))
+    inputs, mask = _row_inputs([item.arrays for item in items], max(lengths))
+    unequal = min(lengths) != max(lengths)
+    attention_mask = None
+    if not packed and unequal:
+        attention_mask = (np.arange(layout.width) < np.array(lengths)[:, None]).astype(np.int64)
+    return MicroBatch(
         input_ids=_to(input_ids, device),
+        position_ids=_to(position_ids, device) if packed else None,
         attention_mask=None if attention_mask is None else _to(attention_mask, device),
-        targets=_to(packed.pop(TARGET_KEY), device),
-        inputs={key: _to(value, device) for key, value in packed.items()},
+        index=_to(index, device),
+        targets=_to(targets, device),
+        scatter=_to(scatter, device),
+        inputs={key: _to(value, device) for key, value in inputs.items()},
         mask=_to(mask, device),
-        target_shapes=[a[TARGET_KEY].shape for a in arrays],
-        vision=_vision_inputs(expanded, vision, input_ids.shape, device),
+        target_shapes=[item.arrays[TARGET_KEY].shape for item in items],
+        vision=_vision_inputs(items, layout, vision, device),
     )
+
+
+def _row_tensors(items: list[PreparedDatum], layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:
+    """(R, L) input ids (0 in padding) and position ids restarting at 0 for every datum and every tail."""
+    input_ids = np.zeros((layout.num_rows, layout.width), dtype=np.int64)
+    position_ids = np.zeros((layout.num_rows, layout.width), dtype=np.int64)
+    for seg in layout.segments:
+        input_ids[seg.row, seg.start : seg.start + seg.length] = items[seg.datum].expanded.token_ids
+        position_ids[seg.row, seg.start : seg.start + seg.length] = np.arange(seg.length)
+    for row, start, length in layout.tails():
+        position_ids[row, start : start + length] = np.arange(length)
+    return input_ids, position_ids
+
+
+def _flat_targets(targets: list[np.ndarray], longest: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N, K) targets of every datum in order (0 past a datum's own K), and each row's place in (D x T)."""
+    width = max(_width(t.shape) for t in targets)
+    flat = np.zeros((sum(t.shape[0] for t in targets), width), dtype=np.int64)
+    start = 0
+    for t in targets:
+        flat[start : start + t.shape[0], : _width(t.shape)] = t.reshape(t.shape[0], -1)
+        start += t.shape[0]
+    scatter = np.concatenate([d * longest + np.arange(t.shape[0]) for d, t in enumerate(targets)])
+    return flat, scatter
+
+
+def _row_inputs(arrays: list[dict[str, np.ndarray]], longest: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """(D, T, K) float inputs and mask, one datum per row, zero-filled past each datum's own (N_i, K_i)."""
+    width = max(_width(a[TARGET_KEY].shape) for a in arrays)
+    keys = [key for key in arrays[0] if key != TARGET_KEY]
+    rows = {key: np.zeros((len(arrays), longest, width), np.float32) for key in keys}
+    mask = np.zeros((len(arrays), longest, width), dtype=bool)
+    for d, datum_arrays in enumerate(arrays):
+        num, cols = datum_arrays[TARGET_KEY].shape[0], _width(datum_arrays[TARGET_KEY].shape)
+        mask[d, :num, :cols] = True
+        for key in keys:
+            rows[key][d, :num, :cols] = datum_arrays[key].reshape(num, cols)
+    return rows, mask
 
 
 def _expand(
@@ -91,39 +182,18 @@ def _expand(
 
 
 def _vision_inputs(
-    expanded: list[ExpandedInput],
-    vision: VisionProcessor | None,
-    shape: tuple[int, ...],
-    device: torch.device,
+    items: list[PreparedDatum], layout: RowLayout, vision: VisionProcessor | None, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """pixel_values and image_grid_thw of every image (datum order, then chunk order), mm_token_type_ids."""
-    placed = [image for item in expanded for image in item.images]
+    placed = [image for item in items for image in item.expanded.images]
     if not placed or vision is None:
         return {}
     inputs = vision.pixel_inputs([p.image for p in placed], [p.num_tokens for p in placed])
-    token_types = np.zeros(shape, dtype=np.int64)
-    for row, item in enumerate(expanded):
-        token_types[row, : len(item.token_ids)] = item.image_mask()
+    token_types = np.zeros((layout.num_rows, layout.width), dtype=np.int64)
+    for seg in layout.segments:
+        token_types[seg.row, seg.start : seg.start + seg.length] = items[seg.datum].expanded.image_mask()
     inputs["mm_token_type_ids"] = torch.from_numpy(token_types)
     return {name: tensor.to(device) for name, tensor in inputs.items()}
-
-
-def _pad(
-    tokens: list[list[int]], arrays: list[dict[str, np.ndarray]]
-) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
-    """(B, T) input ids, (B, T, K) inputs and (B, T, K) mask, right-padded with zeros."""
-    num_data, max_len = len(tokens), max(len(seq) for seq in tokens)
-    width = max(_width(a[TARGET_KEY].shape) for a in arrays)
-    input_ids = np.zeros((num_data, max_len), dtype=np.int64)
-    mask = np.zeros((num_data, max_len, width), dtype=bool)
-    packed = {key: np.zeros((num_data, max_len, width), value.dtype) for key, value in arrays[0].items()}
-    for row, (seq, datum_arrays) in enumerate(zip(tokens, arrays)):
-        input_ids[row, : len(seq)] = seq
-        rows, cols = len(seq), _width(datum_arrays[TARGET_KEY].shape)
-        mask[row, :rows, :cols] = True
-        for key, value in datum_arrays.items():
-            packed[key][row, :rows, :cols] = value.reshape(rows, cols)
-    return input_ids, packed, mask
 
 
 def _width(shape: tuple[int, ...]) -> int:

@@ -106,15 +106,38 @@ class AdapterHost:
     def peft_config(self, name: str) -> peft.LoraConfig:
         return self.peft_model.peft_config[name]
 
-    def logits(
+    def hidden_states(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
+        *,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         vision: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """(B, T, V) float32 logits with the active adapter applied; `vision` holds a vision-language model's
-        image inputs (pixel_values, image_grid_thw, mm_token_type_ids) when the batch has images."""
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **(vision or {})
-        )
-        return out.logits.float()
+        """(R, L, H) final hidden states (after the last norm) with the active adapter applied; no logits.
+
+        The model's own forward runs, with its unembedding swapped for an identity for the call, so hooks on
+        the root module (FSDP2's all-gathers in trainer workers) run as for a normal pass. `vision` holds a
+        vision-language model's image inputs (pixel_values, image_grid_thw, mm_token_type_ids)."""
+        unembedding = self.model.get_output_embeddings()
+        self.model.set_output_embeddings(torch.nn.Identity())
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                attention_mask=attention_mask,
+                use_cache=False,
+                **(vision or {}),
+            )
+        finally:
+            self.model.set_output_embeddings(unembedding)
+        return out.logits
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.get_text_config().vocab_size)
+
+    @property
+    def unembedding(self) -> torch.nn.Module:
+        """The output projection (`lm_head`), wrapped by PEFT when a run trains it (`train_unembed`)."""
+        return self.model.get_output_embeddings()

@@ -42,29 +42,67 @@ def read_model_info(name: str, path: Path) -> BaseModelInfo:
     )
 
 
-def load_causal_lm(path: Path, device: torch.device) -> PreTrainedModel:
-    """Load the causal LM (or vision-language model) in `path` in float32 with SDPA attention, frozen and in
-    eval mode.
+def load_causal_lm(
+    path: Path, device: torch.device, dtype: torch.dtype = torch.float32, checkpointing: bool = False
+) -> PreTrainedModel:
+    """Load the causal LM (or vision-language model) in `path` with base weights in `dtype`, frozen and in
+    eval mode; SDPA attention, or FlashAttention 2 on CUDA where `flash_attn` is installed (both keep a
+    packed row's datums apart, see `batch.py`).
 
-    Eval mode keeps every pass deterministic (no dropout), so a forward-only pass returns
-    exactly the logprobs a training pass on the same weights would.
+    Eval mode keeps every pass deterministic (no dropout), so a forward-only pass returns exactly the
+    logprobs a training pass on the same weights would. `checkpointing` recomputes each decoder layer's
+    activations in backward instead of keeping them.
     """
-    logger.info("loading base model %s on %s", path, device)
-    model = load_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    attention = attention_implementation(device, dtype)
+    logger.info("loading base model %s on %s (%s, %s attention)", path, device, dtype, attention)
+    model = load_pretrained(path, dtype=dtype, attn_implementation=attention)
     model.to(device)
     model.eval()
     model.requires_grad_(False)
+    if checkpointing:
+        enable_checkpointing(model)
     return model
 
 
-def check_tokens(tokens: list[int], info: BaseModelInfo, index: int) -> None:
-    """UserError unless every token id is in the vocabulary and the sequence fits the context."""
+def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    """"flash_attention_2" (varlen kernels for packed rows) on CUDA in 16-bit when flash_attn is
+    installed, else "sdpa" (packed rows get a block-diagonal causal mask)."""
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant activation checkpointing of every decoder layer, in eval mode.
+
+    transformers checkpoints a layer only while that layer's `training` flag is set; setting the flag on
+    the layer objects alone (not their children) turns checkpointing on and leaves dropout and every
+    other train-mode behaviour off."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer):
+            module.training = True
+
+
+def check_tokens(tokens: list[int], info: BaseModelInfo, index: int, max_tokens: int | None = None) -> None:
+    """UserError unless every token id is in the vocabulary and the sequence fits the context (and
+    `max_tokens`, this server's cap on one sequence, when set)."""
     if not tokens:
         raise UserError(f"datum {index}: model_input is empty")
     if len(tokens) > info.max_context_length:
         raise UserError(
             f"datum {index}: {len(tokens)} tokens exceed the maximum context length "
             f"{info.max_context_length} of {info.name}"
+        )
+    if max_tokens is not None and len(tokens) > max_tokens:
+        raise UserError(
+            f"datum {index}: {len(tokens)} tokens exceed this server's limit of {max_tokens} tokens per "
+            "sequence (--train-max-sequence-tokens)"
         )
     low, high = min(tokens), max(tokens)
     if low < 0 or high >= info.vocab_size:

@@ -30,7 +30,7 @@ from tx.backends.base import TrainingBackend
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.backend import _check_compatible
-from tx.backends.torch.batch import pack_batch
+from tx.backends.torch.batch import prepare_data
 from tx.backends.torch.lora import peft_config_for
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.workers import tensors
@@ -160,9 +160,7 @@ class WorkersBackend(TrainingBackend):
         loss_fn = get_loss(batch.loss_fn)
         loss_fn.resolve_config(batch.loss_fn_config)
         vision = vision_processor(self._paths[run.base_model])
-        pack_batch(
-            batch.data, loss_fn, self.base_model_info(run.base_model), _CPU, vision, self._image_limits
-        )
+        prepare_data(batch.data, loss_fn, self.base_model_info(run.base_model), vision, self._image_limits)
 
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
         adam.validate()

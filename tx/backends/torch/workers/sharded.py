@@ -54,7 +54,7 @@ class ShardedTorchBackend(TorchBackend):
         for module in host.model.modules():
             if type(module).__name__ in blocks:
                 fully_shard(module)
-        fully_shard(host.model)  # the root: the module a pass calls (`AdapterHost.logits`)
+        fully_shard(host.model)  # the root: the module a pass calls (`AdapterHost.hidden_states`)
         for module in host.model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
@@ -75,7 +75,7 @@ class ShardedTorchBackend(TorchBackend):
         host.activate(run.adapter)
         tokens = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         with torch.set_grad_enabled(backward):
-            zero = host.logits(tokens, None).sum() * 0.0
+            zero = host.unembedding(host.hidden_states(tokens)).sum() * 0.0
         if backward:
             zero.backward()
 

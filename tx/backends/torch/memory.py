@@ -1,0 +1,74 @@
+"""Memory policy of the torch trainer: the micro-batch budget on a GPU, and running out of memory.
+
+The budget on CUDA comes from the device memory left after the base model is loaded and an estimate of
+the activation bytes each token keeps for backward (all decoder layers' saved tensors, or only each
+layer's input with gradient checkpointing, plus one layer's worth recomputed). The chunked head adds a
+fixed O(chunk x vocab), covered by the reserve. The estimate is deliberately generous per token.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+MIN_TOKENS, MAX_TOKENS = 1024, 256 * 1024
+RESERVE_SHARE = 0.25  # of free memory kept back: allocator fragmentation, optimizer state, engines waking
+RESERVE_BYTES = 2 << 30  # and the chunked head's logits and their gradient
+
+
+class TrainerOutOfMemory(RuntimeError):
+    """A step ran out of memory; the server reports it as a server error and goes on."""
+
+
+def activation_bytes_per_token(
+    num_layers: int, hidden: int, intermediate: int, dtype_bytes: int, checkpointing: bool
+) -> int:
+    """Bytes of activations one token keeps for backward (an over-estimate for Llama/Qwen-style layers).
+
+    A layer saves about 16 hidden-wide tensors (norms, q/k/v/o, residuals, LoRA inputs) and 5
+    intermediate-wide ones (gate, up, the activation and its product); with checkpointing a layer keeps
+    only its input, and one layer at a time is recomputed in full."""
+    full_layer = (16 * hidden + 5 * intermediate) * dtype_bytes
+    if checkpointing:
+        return num_layers * hidden * dtype_bytes + full_layer
+    return num_layers * full_layer
+
+
+def cuda_micro_batch_tokens(free_bytes: int, per_token: int) -> int:
+    """Tokens per micro-batch that fit `free_bytes` after the reserve, a multiple of 1024 in range."""
+    usable = free_bytes * (1 - RESERVE_SHARE) - RESERVE_BYTES
+    tokens = int(usable // max(per_token, 1)) // 1024 * 1024
+    return max(MIN_TOKENS, min(MAX_TOKENS, tokens))
+
+
+def default_cuda_budget(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, checkpointing: bool) -> int:
+    """The CUDA micro-batch budget for `model`, already loaded on `device`."""
+    config = model.config.get_text_config()
+    per_token = activation_bytes_per_token(
+        int(config.num_hidden_layers),
+        int(config.hidden_size),
+        int(getattr(config, "intermediate_size", 4 * config.hidden_size)),
+        torch.empty((), dtype=dtype).element_size(),
+        checkpointing,
+    )
+    free, _ = torch.cuda.mem_get_info(device)
+    return cuda_micro_batch_tokens(free, per_token)
+
+
+OUT_OF_MEMORY = (torch.cuda.OutOfMemoryError, MemoryError)
+
+
+def release(device: torch.device) -> None:
+    """Give memory held by dropped tensors back (after a failed step)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def out_of_memory_message(exc: BaseException, device: torch.device, budget: int) -> str:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (
+        f"the training step ran out of memory on {device} with micro-batches of up to {budget} tokens "
+        f"({detail}); lower --train-micro-batch-tokens, or send shorter sequences"
+    )

@@ -1,0 +1,48 @@
+"""The torch trainer's settings, as the server passes them (no torch import: the API builds this).
+
+`None` means "choose for the device": `resolve` fills every field once the device is known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+TrainDtype = Literal["float32", "bfloat16", "float16"]
+
+# Tokens per micro-batch on CPU. At Qwen3's vocabulary (151,936) with hidden 256, 8,192 tokens kept the
+# peak under 1 GiB above model + optimizer and ran as fast as larger budgets
+# (scripts/bench/train_memory.py; see the README's "Training at real sizes").
+CPU_MICRO_BATCH_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    micro_batch_tokens: int | None = None
+    """Tokens per micro-batch (a longer single sequence runs alone). None: CPU_MICRO_BATCH_TOKENS on CPU,
+    derived from free memory and the model's size on CUDA."""
+    dtype: TrainDtype | None = None
+    """Base weights' dtype. None: bfloat16 on CUDA, float32 on CPU. LoRA weights, AdamW state, logprobs and
+    losses are float32 whatever this is."""
+    gradient_checkpointing: bool | None = None
+    """Recompute each decoder layer's activations in backward. None: on with CUDA, off on CPU."""
+    max_sequence_tokens: int | None = None
+    """Longest datum accepted (below the model's context); None: the context is the only limit."""
+
+    def resolved(self, device_type: str) -> TrainerSettings:
+        """These settings with dtype and checkpointing chosen for `device_type` ("cpu", "cuda")."""
+        cuda = device_type == "cuda"
+        return replace(
+            self,
+            dtype=self.dtype or ("bfloat16" if cuda else "float32"),
+            gradient_checkpointing=cuda if self.gradient_checkpointing is None else self.gradient_checkpointing,
+        )
+
+
+def default_train_dtype(device: str) -> TrainDtype:
+    """The trainer's default dtype for a `--device` value, without importing torch unless it is "auto"."""
+    if device == "auto":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return "bfloat16" if device.startswith("cuda") else "float32"
