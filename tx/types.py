@@ -42,6 +42,31 @@ class ErrorCategory(str, Enum):
     UNKNOWN = "unknown"
 
 
+# ---- ids: each built here, in one format, and never parsed back (read the fields instead)
+
+
+def model_id_for(session_id: str, model_seq_id: int) -> str:
+    """A training run's id: the session's model number `model_seq_id`."""
+    return f"{session_id}:train:{model_seq_id}"
+
+
+def sampler_id_for(session_id: str, sampling_session_seq_id: int) -> str:
+    """A sampling session's id: the session's sampler number `sampling_session_seq_id`."""
+    return f"{session_id}:sample:{sampling_session_seq_id}"
+
+
+@dataclass(frozen=True)
+class SampleKey:
+    """One sample call: its sampling session and seq_id. Engines route on `sampler_id` (a session's
+    requests share an engine); `str(key)` names the call (the engines' X-Session-ID header)."""
+
+    sampler_id: str
+    seq_id: int
+
+    def __str__(self) -> str:
+        return f"{self.sampler_id}:{self.seq_id}"
+
+
 @dataclass(frozen=True)
 class TextChunk:
     tokens: tuple[int, ...]

@@ -26,7 +26,7 @@ from tx.inference.ray.launcher import RayEngine, RayLauncher, bundle_gpus, conne
 from tx.inference.ray.placement import PlacementSpec
 from tx.inference.router import Router
 from tx.models.tiny import write_tiny_text_model
-from tx.types import ModelInput, SampleRequest, SamplingParams
+from tx.types import ModelInput, SampleKey, SampleRequest, SamplingParams
 
 pytestmark = pytest.mark.ray
 
@@ -133,7 +133,7 @@ class Live:
     def sample(self, sampler: str, seq: int = 0):
         request = SampleRequest(ModelInput.from_tokens([5, 17, 230]), num_samples=1,
                                 params=SamplingParams(max_tokens=4, temperature=0.0))
-        return self.run(self.manager.sample(MODEL, None, f"{sampler}:{seq}", request))
+        return self.run(self.manager.sample(MODEL, None, SampleKey(sampler, seq), request))
 
     def engines(self) -> dict[str, dict]:
         (group,) = self.run(self.manager.describe())

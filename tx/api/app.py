@@ -24,13 +24,14 @@ from tx.core.catalog import CheckpointCatalog
 from tx.core.checkpoints import CheckpointFiles
 from tx.core.downloads import DownloadSigner
 from tx.core.futures import FutureRegistry
+from tx.core.runs import RunViews
 from tx.core.sampling import SamplingService
 from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
 from tx.core.sessions import SessionService
 from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
-from tx.models.serve import resolve_served_models
+from tx.models.serve import resolve_served_models, tokenizer_id_for
 from tx.multimodal import ImageInputs
 from tx.store.store import Store
 
@@ -39,17 +40,26 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Context:
+    """What the routes reach: the use cases and the read views (plus futures, and the engines for the
+    operator view). The store, the backend and the scheduler sit behind them, in `Runtime`."""
+
     settings: Settings
-    models: dict[str, Path]
-    store: Store
-    backend: TrainingBackend
-    futures: FutureRegistry
-    scheduler: Scheduler
     service: TrainingService
-    manager: EngineManager
     sampling: SamplingService
+    runs: RunViews
+    futures: FutureRegistry
+    manager: EngineManager
     catalog: CheckpointCatalog
     sessions: SessionService
+
+
+@dataclass
+class Runtime:
+    """What the lifespan starts and closes; no route reaches it."""
+
+    store: Store
+    backend: TrainingBackend
+    scheduler: Scheduler
 
 
 def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
@@ -112,7 +122,7 @@ def trainer_settings(settings: Settings) -> TrainerSettings:
     )
 
 
-def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Context:
+def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
     images = ImageInputs.from_settings(settings)
@@ -132,27 +142,29 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> Contex
         versions_kept=settings.sampler_versions_kept,
     )
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, images)
+    runs = RunViews(store, service.base_model_info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
-    return Context(settings, models, store, backend, futures_, scheduler, service, manager, sampling,
-                   CheckpointCatalog(store, files, signer), SessionService(store, futures_, signer))
+    return (Context(settings, service, sampling, runs, futures_, manager,
+                    CheckpointCatalog(store, files, signer), SessionService(store, futures_, signer)),
+            Runtime(store, backend, scheduler))
 
 
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx = build_context(settings, asyncio.get_running_loop())
+        ctx, runtime = build_context(settings, asyncio.get_running_loop())
         app.state.ctx = ctx
-        ctx.scheduler.start()
+        runtime.scheduler.start()
         janitor = asyncio.create_task(_janitor(ctx))
         try:
             yield
         finally:
             janitor.cancel()
-            ctx.scheduler.stop()
-            ctx.backend.close()
+            runtime.scheduler.stop()
+            runtime.backend.close()
             await ctx.manager.close()
-            ctx.store.close()
+            runtime.store.close()
 
     app = FastAPI(title="tx", lifespan=lifespan)
     app.state.key_checker = KeyChecker(settings.api_keys)

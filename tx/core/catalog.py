@@ -18,8 +18,8 @@ from pathlib import Path
 
 from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_ttl
 from tx.core.downloads import DownloadSigner, LinkScope
+from tx.core.runs import CheckpointView
 from tx.store.store import Store
-from tx.store.tables import CheckpointRow
 from tx.types import NotFoundError, UserError
 
 
@@ -29,8 +29,9 @@ class CheckpointCatalog:
         self.files = files
         self.signer = signer
 
-    def list_for_user(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointRow], int]:
-        return self.store.list_user_checkpoints(owner, limit, offset)
+    def list_for_user(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointView], int]:
+        rows, total = self.store.list_user_checkpoints(owner, limit, offset)
+        return [CheckpointView.of(row) for row in rows], total
 
     def set_ttl(self, owner: str, run_id: str, checkpoint_id: str, ttl_s: int | None) -> None:
         """Expire `ttl_s` seconds from now, or never (None)."""

@@ -22,7 +22,7 @@ from typing import Any, Hashable
 
 from tx.core.completions import CompletionFeeds, Target
 from tx.core.timeline import SessionTimeline, Span
-from tx.types import ConflictError, ErrorCategory, NotFoundError
+from tx.types import ConflictError, ErrorCategory, NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,14 @@ logger = logging.getLogger(__name__)
 class Failure:
     message: str
     category: ErrorCategory
+
+
+def failure_for(exc: BaseException) -> Failure:
+    """The one mapping from an exception to a future's failure: domain errors (bad input, a missing or
+    conflicting resource) are the user's; anything else is the server's, named by its type."""
+    if isinstance(exc, (UserError, NotFoundError, ConflictError)):
+        return Failure(str(exc), ErrorCategory.USER)
+    return Failure(f"{type(exc).__name__}: {exc}", ErrorCategory.SERVER)
 
 
 @dataclass
@@ -112,6 +120,12 @@ class FutureRegistry:
 
     def fail(self, future: Future, message: str, category: ErrorCategory) -> None:
         self._finish(future, None, Failure(message, category))
+
+    def fail_with(self, future: Future, exc: BaseException) -> ErrorCategory:
+        """Fail `future` with `exc` (see `failure_for`); returns the category, so servers' can be logged."""
+        failure = failure_for(exc)
+        self._finish(future, None, failure)
+        return failure.category
 
     def _finish(self, future: Future, result: Any, failure: Failure | None) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from tx.core.completions import CLONE_BLOCK
@@ -11,9 +12,16 @@ from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
 from tx.multimodal import ImageInputs, expand_input
 from tx.store.store import Store
-from tx.types import ConflictError, ErrorCategory, NotFoundError, OverloadedError, SampleRequest, UserError
+from tx.types import ErrorCategory, OverloadedError, SampleKey, SampleRequest
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplerView:
+    sampler_id: str
+    base_model: str
+    model_path: str | None
 
 
 class SamplingService:
@@ -26,13 +34,18 @@ class SamplingService:
         self.images = images or ImageInputs()  # default: no asset pointers, default caps
         self._tasks: dict[str, asyncio.Task] = {}
 
+    def describe(self, owner: str, sampler_id: str) -> SamplerView:
+        row = self.store.get_sampling_session(sampler_id, owner)
+        return SamplerView(row.sampling_session_id, row.base_model, row.model_path)
+
     async def sample(
         self, owner: str, sampling_session_id: str, seq_id: int, request: SampleRequest
     ) -> tuple[Future, list[str]]:
         """Submit a sample; returns its future and one sequence id per requested sample."""
         sampler = await asyncio.to_thread(self.store.get_sampling_session, sampling_session_id, owner)
-        sequence_ids = [f"{sampling_session_id}:{seq_id}:{i}" for i in range(request.num_samples)]
-        key = ("sample", sampling_session_id, seq_id)
+        call = SampleKey(sampling_session_id, seq_id)
+        sequence_ids = [f"{call}:{i}" for i in range(request.num_samples)]
+        key = ("sample", call)
         existing = self.futures.find(key)  # a resubmission answers with the original future
         if existing is not None:
             return existing, sequence_ids
@@ -44,7 +57,7 @@ class SamplingService:
         )
         weights_dir = Path(sampler.weights_dir) if sampler.weights_dir else None
         task = asyncio.create_task(
-            self._run(future, sampler.base_model, weights_dir, f"{sampling_session_id}:{seq_id}", request)
+            self._run(future, sampler.base_model, weights_dir, call, request)
         )
         self._tasks[future.request_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(future.request_id, None))
@@ -57,7 +70,7 @@ class SamplingService:
         if task is not None:
             task.cancel()
 
-    async def _run(self, future: Future, base_model: str, weights_dir: Path | None, session_key: str,
+    async def _run(self, future: Future, base_model: str, weights_dir: Path | None, call: SampleKey,
                    request: SampleRequest) -> None:
         if not self.futures.start(future):  # cancelled before it began
             return
@@ -69,11 +82,9 @@ class SamplingService:
                 prompt = await asyncio.to_thread(
                     expand_input, self.manager.model_dir(base_model), request.prompt, model_name=base_model
                 )
-            result = await self.manager.sample(base_model, weights_dir, session_key, request, prompt)
-        except (UserError, NotFoundError, ConflictError) as exc:
-            self.futures.fail(future, str(exc), ErrorCategory.USER)
-        except Exception as exc:  # noqa: BLE001 - any other failure is the server's
-            logger.exception("sample %s failed", future.request_id)
-            self.futures.fail(future, f"{type(exc).__name__}: {exc}", ErrorCategory.SERVER)
+            result = await self.manager.sample(base_model, weights_dir, call, request, prompt)
+        except Exception as exc:  # noqa: BLE001 - the future carries every failure
+            if self.futures.fail_with(future, exc) is ErrorCategory.SERVER:
+                logger.exception("sample %s failed", future.request_id)
         else:
             self.futures.resolve(future, result)

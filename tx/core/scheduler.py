@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tx.core.futures import Future, FutureRegistry
-from tx.types import ConflictError, ErrorCategory, NotFoundError, UserError
+from tx.types import ErrorCategory
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +188,8 @@ class Scheduler:
             if job.before is not None:
                 job.before()
             result = job.fn()
-        except (UserError, NotFoundError, ConflictError) as exc:
-            self._futures.fail(job.future, str(exc), ErrorCategory.USER)
-        except Exception as exc:  # noqa: BLE001 - any other failure is the server's
-            logger.exception("%s %s failed", job.future.kind, job.future.request_id)
-            self._futures.fail(job.future, f"{type(exc).__name__}: {exc}", ErrorCategory.SERVER)
+        except Exception as exc:  # noqa: BLE001 - the future carries every failure
+            if self._futures.fail_with(job.future, exc) is ErrorCategory.SERVER:
+                logger.exception("%s %s failed", job.future.kind, job.future.request_id)
         else:
             self._futures.resolve(job.future, result)

@@ -30,17 +30,11 @@ from tx.types import (
     LoraConfig,
     NotFoundError,
     UserError,
+    model_id_for,
+    sampler_id_for,
 )
 
 logger = logging.getLogger(__name__)
-
-
-def model_id_for(session_id: str, model_seq_id: int) -> str:
-    return f"{session_id}:train:{model_seq_id}"
-
-
-def sampler_id_for(session_id: str, sampling_session_seq_id: int) -> str:
-    return f"{session_id}:sample:{sampling_session_seq_id}"
 
 
 class SamplerEngines(Protocol):
@@ -93,6 +87,9 @@ class TrainingService:
         )
         return session_id
 
+    def heartbeat(self, owner: str, session_id: str) -> None:
+        self.store.heartbeat(session_id, owner)
+
     def _live_session(self, session_id: str, owner: str) -> SessionRow:
         row = self.store.get_session(session_id, owner)
         if row.finished_at is not None:
@@ -111,7 +108,7 @@ class TrainingService:
     ) -> Future:
         self._live_session(session_id, owner)
         lora.validate()
-        self._base_model(base_model)
+        self.base_model_info(base_model)
         model_id = model_id_for(session_id, model_seq_id)
         future, created = self.futures.create(
             owner, "CreateModel", ("model", model_id), session_id=session_id, track=model_id
@@ -174,11 +171,11 @@ class TrainingService:
             )
         )
 
-    def model_info(self, owner: str, model_id: str) -> tuple[TrainingRunRow, BaseModelInfo]:
-        run = self.store.get_run(model_id, owner)
-        return run, self._base_model(run.base_model)
+    def served_models(self) -> list[BaseModelInfo]:
+        return self.backend.served_models()
 
-    def _base_model(self, base_model: str) -> BaseModelInfo:
+    def base_model_info(self, base_model: str) -> BaseModelInfo:
+        """The served base model's facts; a UserError naming the served ones if it is not served."""
         try:
             return self.backend.base_model_info(base_model)
         except NotFoundError:
@@ -407,7 +404,7 @@ class TrainingService:
             base_model, run_id = run.base_model, run.run_id
             weights_dir = str(self.files.require(path))
         assert base_model is not None  # the wire schema requires base_model or model_path
-        self._base_model(base_model)
+        self.base_model_info(base_model)
         sampler_id = sampler_id_for(session_id, seq)
         if weights_dir is not None and model_path is not None and self._engines is not None:
             self._engines.pin(sampler_id, Path(weights_dir), model_path)  # the newest version of that path

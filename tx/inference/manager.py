@@ -32,7 +32,7 @@ from tx.inference.report import describe_groups
 from tx.inference.supervisor import Supervisor
 from tx.inference.versions import VersionStore, WeightVersion, lora_spec, snapshot
 from tx.multimodal import ExpandedInput
-from tx.types import SampleRequest, SampleResult, UserError
+from tx.types import SampleKey, SampleRequest, SampleResult, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class EngineManager:
         return await describe_groups(list(self.groups.values()), self.client)
 
     # -- sampling ---------------------------------------------------------------------------
-    async def sample(self, base_model: str, weights_dir: Path | None, session_key: str,
+    async def sample(self, base_model: str, weights_dir: Path | None, key: SampleKey,
                      request: SampleRequest, prompt: ExpandedInput | None = None) -> SampleResult:
         """`prompt`: the request's prompt with its images expanded (None for a text-only prompt)."""
         group = self.groups[base_model]
@@ -72,25 +72,23 @@ class EngineManager:
         try:
             version = None
             if weights_dir is not None:
-                sampler_id = session_key.rsplit(":", 1)[0]
-                version = await asyncio.to_thread(self.versions.pinned, sampler_id, weights_dir)
+                version = await asyncio.to_thread(self.versions.pinned, key.sampler_id, weights_dir)
             async with self.lifecycle.use(group):
-                return await self._sample_once_or_twice(group, version, session_key, request, prompt)
+                return await self._sample_once_or_twice(group, version, key, request, prompt)
         finally:
             self.in_flight -= 1
 
-    async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, session_key: str,
+    async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, key: SampleKey,
                                     request: SampleRequest, prompt: ExpandedInput | None) -> SampleResult:
-        sampler_id = session_key.rsplit(":", 1)[0]  # a session's requests share an engine
         self.supervisor.restart_dead_in_background(group)
-        slot = group.slots[group.router.pick(sampler_id, group.alive() or None)]
+        slot = group.slots[group.router.pick(key.sampler_id, group.alive() or None)]  # one engine per session
         for attempt in (1, 2):
             await self.supervisor.ensure_running(group, slot)
             process = slot.process
             try:
                 adapter = await self.publisher.ensure_adapter(slot, version)
                 generate = GenerateRequest.from_sample_request(request, adapter, prompt)
-                answer = await self.client.generate(slot.name, session_key, generate)
+                answer = await self.client.generate(slot.name, str(key), generate)
                 return answer.to_sample_result()
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed during a sample (attempt %d): %s", slot.name, attempt, exc)

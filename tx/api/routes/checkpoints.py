@@ -7,7 +7,6 @@ ending in `/publish` by the DELETE route below (checkpoint ids hold a slash: `we
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -22,7 +21,7 @@ from tx.api.wire.rest_schemas import (
     ExternalWeightsUrlsResponse,
 )
 from tx.core.checkpoints import CHECKPOINT_TYPE
-from tx.store.tables import CheckpointRow
+from tx.core.runs import CheckpointView
 
 router = APIRouter(tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(404))
 CHECKPOINT = "/training_runs/{run_id}/checkpoints/{checkpoint_id:path}"
@@ -30,8 +29,8 @@ CHECKPOINT = "/training_runs/{run_id}/checkpoints/{checkpoint_id:path}"
 
 @router.get("/training_runs/{run_id}/checkpoints")
 async def list_checkpoints(run_id: str, ctx: Ctx, caller: Caller) -> CheckpointsListResponse:
-    rows = await asyncio.to_thread(ctx.store.list_checkpoints, run_id, caller.owner)
-    return CheckpointsListResponse(checkpoints=[checkpoint_view(r) for r in rows])
+    views = await asyncio.to_thread(ctx.runs.checkpoints, caller.owner, run_id)
+    return CheckpointsListResponse(checkpoints=[checkpoint_view(v) for v in views])
 
 
 @router.get("/checkpoints")
@@ -86,21 +85,17 @@ def download_base(request: Request, public_url: str | None) -> str:
     return f"{root}/api/v1/downloads"
 
 
-def checkpoint_view(row: CheckpointRow) -> Checkpoint:
+def checkpoint_view(view: CheckpointView) -> Checkpoint:
     return Checkpoint(
-        checkpoint_id=row.checkpoint_id,
-        checkpoint_type=CHECKPOINT_TYPE[row.kind],
-        time=utc(row.created_at),
-        tinker_path=f"tinker://{row.run_id}/{row.checkpoint_id}",
-        size_bytes=row.size_bytes,
-        public=bool(row.public),
-        user_metadata=str_values(row.user_metadata),
-        expires_at=utc(row.expires_at) if row.expires_at else None,
+        checkpoint_id=view.checkpoint_id,
+        checkpoint_type=CHECKPOINT_TYPE[view.kind],
+        time=view.created_at,
+        tinker_path=view.tinker_path,
+        size_bytes=view.size_bytes,
+        public=view.public,
+        user_metadata=str_values(view.user_metadata),
+        expires_at=view.expires_at,
     )
-
-
-def utc(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def str_values(metadata: dict[str, Any] | None) -> dict[str, str] | None:

@@ -49,7 +49,7 @@ async def capabilities(ctx: Ctx, _: Caller) -> GetServerCapabilitiesResponse:
         SupportedModel(
             model_name=m.name, max_context_length=m.max_context_length, trainable=True, sampleable=True
         )
-        for m in ctx.backend.served_models()
+        for m in ctx.service.served_models()
     ]
     return GetServerCapabilitiesResponse(supported_models=models)
 

@@ -7,8 +7,8 @@ import asyncio
 from fastapi import APIRouter, Query
 
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
-from tx.api.errors import COMMON_ERRORS, error_responses, safe_text
-from tx.api.routes.checkpoints import checkpoint_view, str_values, utc
+from tx.api.errors import COMMON_ERRORS, error_responses
+from tx.api.routes.checkpoints import checkpoint_view, str_values
 from tx.api.wire.rest_schemas import (
     Cursor,
     TrainingRun,
@@ -16,8 +16,7 @@ from tx.api.wire.rest_schemas import (
     WeightsInfoRequest,
     WeightsInfoResponse,
 )
-from tx.core.checkpoints import TinkerPath
-from tx.store.tables import CheckpointRow, TrainingRunRow
+from tx.core.runs import RunView
 
 router = APIRouter(tags=["runs"], responses=COMMON_ERRORS | error_responses(404, 409))
 
@@ -27,54 +26,40 @@ async def list_runs(
     ctx: Ctx, caller: Caller, limit: int = Query(20, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
 ) -> TrainingRunsResponse:
-    rows, total = await asyncio.to_thread(ctx.store.list_runs, caller.owner, limit, offset)
-    runs = await asyncio.to_thread(_runs, ctx, rows)
+    runs, total = await asyncio.to_thread(ctx.runs.list, caller.owner, limit, offset)
     return TrainingRunsResponse(
-        training_runs=runs, cursor=Cursor(offset=offset, limit=limit, total_count=total)
+        training_runs=[_run(r) for r in runs], cursor=Cursor(offset=offset, limit=limit, total_count=total)
     )
 
 
 @router.get("/training_runs/{run_id}")
 async def get_run(run_id: str, ctx: Ctx, caller: Caller) -> TrainingRun:
-    row = await asyncio.to_thread(ctx.store.get_run, run_id, caller.owner)
-    return (await asyncio.to_thread(_runs, ctx, [row]))[0]
+    return _run(await asyncio.to_thread(ctx.runs.get, caller.owner, run_id))
 
 
 @router.post("/weights_info")
 async def weights_info(body: WeightsInfoRequest, ctx: Ctx, caller: Caller) -> WeightsInfoResponse:
-    path = TinkerPath.parse(body.tinker_path)
-    row = await asyncio.to_thread(
-        ctx.store.get_checkpoint, path.run_id, path.checkpoint_id, caller.owner, public_ok=True
-    )
-    run = await asyncio.to_thread(ctx.store.get_run, path.run_id, row.owner)
-    lora = run.lora_config
+    run = await asyncio.to_thread(ctx.runs.weights_of, caller.owner, body.tinker_path)
     return WeightsInfoResponse(
         base_model=run.base_model,
         is_lora=True,
-        lora_rank=run.lora_rank,
-        train_unembed=lora.get("train_unembed"),
-        train_mlp=lora.get("train_mlp"),
-        train_attn=lora.get("train_attn"),
+        lora_rank=run.lora.rank,
+        train_unembed=run.lora.train_unembed,
+        train_mlp=run.lora.train_mlp,
+        train_attn=run.lora.train_attn,
     )
 
 
-def _runs(ctx: Ctx, rows: list[TrainingRunRow]) -> list[TrainingRun]:
-    """The API view of `rows`, their newest checkpoints read in one query."""
-    latest = ctx.store.latest_checkpoints([r.run_id for r in rows], ("weights", "sampler_weights"))
-    return [_run(row, latest.get((row.run_id, "weights")), latest.get((row.run_id, "sampler_weights")))
-            for row in rows]
-
-
-def _run(row: TrainingRunRow, last: CheckpointRow | None, last_sampler: CheckpointRow | None) -> TrainingRun:
+def _run(run: RunView) -> TrainingRun:
     return TrainingRun(
-        training_run_id=row.run_id,
-        base_model=row.base_model,
-        model_owner=row.owner,
+        training_run_id=run.run_id,
+        base_model=run.base_model,
+        model_owner=run.owner,
         is_lora=True,
-        last_request_time=utc(row.last_request_time),
-        corrupted=row.corrupted,
-        lora_rank=row.lora_rank,
-        last_checkpoint=checkpoint_view(last) if last else None,
-        last_sampler_checkpoint=checkpoint_view(last_sampler) if last_sampler else None,
-        user_metadata=str_values(row.user_metadata),
+        last_request_time=run.last_request_time,
+        corrupted=run.corrupted,
+        lora_rank=run.lora.rank,
+        last_checkpoint=checkpoint_view(run.last_checkpoint) if run.last_checkpoint else None,
+        last_sampler_checkpoint=checkpoint_view(run.last_sampler_checkpoint) if run.last_sampler_checkpoint else None,
+        user_metadata=str_values(run.user_metadata),
     )

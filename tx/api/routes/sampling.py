@@ -34,9 +34,8 @@ async def create_sampling_session(
 
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, ctx: Ctx, caller: Caller) -> GetSamplerResponse:
-    row = await asyncio.to_thread(ctx.store.get_sampling_session, sampler_id, caller.owner)
-    return GetSamplerResponse(sampler_id=row.sampling_session_id, base_model=row.base_model,
-                              model_path=row.model_path)
+    view = await asyncio.to_thread(ctx.sampling.describe, caller.owner, sampler_id)
+    return GetSamplerResponse(sampler_id=view.sampler_id, base_model=view.base_model, model_path=view.model_path)
 
 
 @router.post("/asample")

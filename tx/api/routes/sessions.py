@@ -42,7 +42,7 @@ async def create_session(body: CreateSessionRequest, ctx: Ctx, caller: Caller) -
 
 @router.post("/session_heartbeat")
 async def heartbeat(body: SessionHeartbeatRequest, ctx: Ctx, caller: Caller) -> SessionHeartbeatResponse:
-    await asyncio.to_thread(ctx.store.heartbeat, body.session_id, caller.owner)
+    await asyncio.to_thread(ctx.service.heartbeat, caller.owner, body.session_id)
     return SessionHeartbeatResponse()
 
 

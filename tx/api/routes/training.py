@@ -29,8 +29,7 @@ from tx.api.wire.schemas import (
     UntypedAPIFuture,
 )
 from tx.core.futures import Future
-from tx.models.serve import tokenizer_id_for
-from tx.types import ConflictError, NotFoundError, UserError
+from tx.types import ConflictError, NotFoundError, UserError, model_id_for
 
 router = APIRouter(tags=["training"], responses=COMMON_ERRORS | error_responses(404, 409))
 
@@ -58,21 +57,18 @@ async def create_model(body: CreateModelRequest, ctx: Ctx, caller: Caller) -> Un
         ctx.service.create_model, caller.owner, body.session_id, body.model_seq_id, body.base_model,
         lora, body.user_metadata,
     )
-    return _answer(future, f"{body.session_id}:train:{body.model_seq_id}")
+    return _answer(future, model_id_for(body.session_id, body.model_seq_id))
 
 
 @router.post("/get_info")
 async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoResponse:
-    run, info = await asyncio.to_thread(ctx.service.model_info, caller.owner, body.model_id)
-    directory = ctx.models[run.base_model]
+    info = await asyncio.to_thread(ctx.runs.model_info, caller.owner, body.model_id)
+    run = info.run
     return GetInfoResponse(
         model_id=run.run_id,
-        model_data=ModelData(
-            arch=info.arch, model_name=run.base_model,
-            tokenizer_id=tokenizer_id_for(run.base_model, directory),
-        ),
+        model_data=ModelData(arch=info.base.arch, model_name=run.base_model, tokenizer_id=info.tokenizer_id),
         is_lora=True,
-        lora_rank=run.lora_rank,
+        lora_rank=run.lora.rank,
         model_name=run.base_model,
     )
 
@@ -161,7 +157,7 @@ async def load_weights(body: LoadWeightsRequest, ctx: Ctx, caller: Caller) -> Un
             ctx.service.load_into_new_model, caller.owner, body.session_id, body.model_seq_id,
             body.path, body.optimizer,
         )
-        return _answer(future, f"{body.session_id}:train:{body.model_seq_id}")
+        return _answer(future, model_id_for(body.session_id, body.model_seq_id))
     seq_id = _seq(body.seq_id)
     async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
         future = await asyncio.to_thread(
