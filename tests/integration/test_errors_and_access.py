@@ -180,12 +180,12 @@ def test_a_gap_in_seq_ids_is_skipped_after_the_timeout(server: TxServer, new_mod
 def test_a_call_refused_at_submission_does_not_stall_the_next(
     server: TxServer, learning_rate: float
 ) -> None:
-    """The refused call used up a seq_id; the next call runs at once, not after the 3 s gap timeout."""
+    """The refused call used up a seq_id; the next call runs at once: the queue never waits out the
+    (3 s) gap timeout for it, which the server would log as a skipped seq_id."""
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     tc = client.create_lora_training_client(BASE, rank=4).result()
     with pytest.raises((tinker.BadRequestError, tinker.UnprocessableEntityError)):
         tc.optim_step(types.AdamParams(learning_rate=learning_rate)).result(timeout=30)
-    started = time.monotonic()
     tc.forward_backward([datum([1, 2, 3])], "cross_entropy").result(timeout=60)
-    assert time.monotonic() - started < 2.0
+    assert f"model {tc.model_id}: seq_id" not in server.log()
     client.close("success")
