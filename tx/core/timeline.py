@@ -30,7 +30,7 @@ class Span:
 
 
 class SessionTimeline:
-    def __init__(self, max_spans: int = 20_000, max_sessions: int = 1_000) -> None:
+    def __init__(self, max_spans: int = 5_000, max_sessions: int = 200) -> None:
         self._spans: OrderedDict[str, deque[Span]] = OrderedDict()
         self._max_spans, self._max_sessions = max_spans, max_sessions
         self._lock = threading.Lock()

@@ -73,3 +73,16 @@ def test_feed_long_polls_and_forgets_what_was_seen() -> None:
         assert await feeds.poll(("other", 0), 0, timeout_s=0.01) == ([], 0)
 
     asyncio.run(main())
+
+
+def test_feeds_hold_a_bounded_number_of_events_dropping_unpolled_feeds_first() -> None:
+    async def main() -> None:
+        feeds = CompletionFeeds(max_events=3)
+        await feeds.poll(("polled", 0), 0, timeout_s=0)
+        feeds.publish(("polled", 0), "a", failed=False)
+        for i in range(3):  # nobody polls this one
+            feeds.publish(("ignored", 0), f"x{i}", failed=False)
+        assert [e.request_id for e in (await feeds.poll(("polled", 0), 0, timeout_s=0))[0]] == ["a"]
+        assert (await feeds.poll(("ignored", 0), 0, timeout_s=0))[0] == []  # dropped whole
+
+    asyncio.run(main())
