@@ -8,9 +8,11 @@ import os
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def init_logging(level: str | None = None) -> None:
+def init_logging(level: str | None = None, process: str | None = None) -> None:
+    """The one setup for every tx process; `process` names it in each line (e.g. "trainer-worker-1")."""
     level = (level or os.environ.get("TX_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(level=level, format=FORMAT)
+    logging.basicConfig(level=level, format=FORMAT if process is None else FORMAT.replace(
+        "%(name)s", f"{process} %(name)s"))
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers.clear()

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tx.inference.engines.http import error_detail
 from tx.inference.protocol import (
     ROUTE_GENERATE,
     SECRET_HEADER,
@@ -78,7 +79,7 @@ class InferenceClient:
         except httpx.HTTPError as exc:
             raise EngineUnavailable(name, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
-            raise EngineRequestError(name, response.status_code, _detail(response))
+            raise EngineRequestError(name, response.status_code, error_detail(response))
         return response.json()
 
     async def get(self, name: str, path: str, timeout_s: float) -> dict[str, Any]:
@@ -93,7 +94,7 @@ class InferenceClient:
         except httpx.HTTPError as exc:
             raise EngineUnavailable(name, f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 400:
-            raise EngineRequestError(name, response.status_code, _detail(response))
+            raise EngineRequestError(name, response.status_code, error_detail(response))
         return response.json()
 
     async def fan_out(self, path: str, body: dict[str, Any] | None, timeout_s: float,
@@ -147,10 +148,3 @@ class InferenceClient:
 
 async def _done(sequence: GeneratedSequence) -> GeneratedSequence:
     return sequence
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("detail", response.text))
-    except ValueError:
-        return response.text

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.codec import encode_forward_backward_output, encode_sample_response
+from tx.api.wire.codec import PROTOBUF_CONTENT_TYPE, encode_forward_backward_output, encode_sample_response
 from tx.api.wire.schemas import (
     CancelFutureRequest,
     CreateModelResponse,
@@ -31,7 +31,6 @@ from tx.core.results import CheckpointSaved, ExternalSaved, ModelCreated, Sample
 from tx.types import ForwardBackwardResult, OptimStepResult, SampleResult
 
 router = APIRouter(tags=["futures"], responses=COMMON_ERRORS | error_responses(404, 409))
-PROTOBUF = "application/x-protobuf"
 
 
 @router.post("/retrieve_future")
@@ -75,12 +74,12 @@ def encode_result(result: object) -> Response:
 
 @encode_result.register
 def _(result: ForwardBackwardResult) -> Response:
-    return Response(encode_forward_backward_output(result), media_type=PROTOBUF)
+    return Response(encode_forward_backward_output(result), media_type=PROTOBUF_CONTENT_TYPE)
 
 
 @encode_result.register
 def _(result: SampleResult) -> Response:
-    return Response(encode_sample_response(result), media_type=PROTOBUF)
+    return Response(encode_sample_response(result), media_type=PROTOBUF_CONTENT_TYPE)
 
 
 @encode_result.register

@@ -10,7 +10,11 @@ from fastapi import APIRouter, Request
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.codec import forward_backward_input_from_proto, parse_forward_backward_request
+from tx.api.wire.codec import (
+    PROTOBUF_CONTENT_TYPE,
+    forward_backward_input_from_proto,
+    parse_forward_backward_request,
+)
 from tx.api.wire.convert import (
     check_optimizer_config,
     lora_config_to_domain,
@@ -74,7 +78,7 @@ async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoRes
 
 
 _PROTOBUF_BODY = {"requestBody": {"required": True, "content": {
-    "application/x-protobuf": {"schema": {"type": "string", "format": "binary",
+    PROTOBUF_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary",
                                           "description": "a tinker ForwardBackwardRequest message"}},
 }}}
 
@@ -97,7 +101,7 @@ async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> Untype
 async def _read_body(request: Request) -> bytes:
     """The protobuf body (its size is capped by `tx.api.limits.BodyLimit`)."""
     content_type = request.headers.get("content-type", "")
-    if "application/x-protobuf" not in content_type:
+    if PROTOBUF_CONTENT_TYPE not in content_type:
         raise UserError(
             f"forward_backward takes a protobuf body (Content-Type: application/x-protobuf), got {content_type!r}"
         )

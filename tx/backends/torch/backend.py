@@ -25,13 +25,14 @@ from tx.backends.torch import checkpoint
 from tx.backends.torch.batch import build_micro_batch, prepare_data
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.memory import OUT_OF_MEMORY, TrainerOutOfMemory, out_of_memory_message, release
-from tx.backends.torch.model import load_causal_lm, read_model_info, resolve_device
+from tx.backends.torch.model import load_causal_lm, read_model_info
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.plan import plan_micro_batches
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS, TrainerSettings
 from tx.backends.torch.step import run_micro_batch
 from tx.multimodal import ImageLimits, vision_processor
+from tx.devices import resolve_device
 from tx.types import (
     AdamParams,
     BaseModelInfo,

@@ -19,13 +19,6 @@ from tx.types import BaseModelInfo, UserError
 logger = logging.getLogger(__name__)
 
 
-def resolve_device(device: str) -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else is passed to torch as given."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def read_model_info(name: str, path: Path) -> BaseModelInfo:
     """What clients are told about the model in `path`, read from its config.json."""
     config = AutoConfig.from_pretrained(path)

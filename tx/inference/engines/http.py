@@ -10,6 +10,7 @@ import hmac
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
+import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
@@ -17,6 +18,21 @@ from tx.inference.protocol import SECRET_HEADER
 from tx.types import ConflictError, NotFoundError, UserError
 
 ERROR_STATUS: dict[type[Exception], int] = {UserError: 400, NotFoundError: 404, ConflictError: 409}
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The message of an engine's (or vLLM's) error response: `{"detail": ...}`, OpenAI's
+    `{"error": {"message": ...}}`, or the raw text."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail", body))
+        if isinstance(error, dict):
+            return str(error.get("message", error))
+        return str(error)
+    return str(body)
 
 
 def secret_guard(secret: str) -> list[Any]:

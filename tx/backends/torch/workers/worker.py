@@ -23,6 +23,7 @@ import torch.distributed as dist
 from tx.backends.torch.workers import tensors
 from tx.backends.torch.workers.messages import Reply, Request, WireArray, read_frame, write_frame
 from tx.backends.torch.workers.sharded import ShardedTorchBackend
+from tx.logging import init_logging
 from tx.types import ConflictError, NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
@@ -136,10 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    logging.basicConfig(
-        level=os.environ.get("TX_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s %(levelname)s trainer-worker-{args.rank} %(name)s: %(message)s",
-    )
+    init_logging(process=f"trainer-worker-{args.rank}")
     if args.threads:
         torch.set_num_threads(args.threads)
     worker = Worker(

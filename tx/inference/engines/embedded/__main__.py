@@ -19,6 +19,7 @@ import uvicorn
 from tx.inference.engines.embedded.app import create_app
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig, write_ready_file
 from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.logging import init_logging
 
 logger = logging.getLogger("tx.inference.engines.embedded")
 
@@ -61,8 +62,7 @@ def _exit_with_parent() -> None:
 
 def main() -> None:
     config = EmbeddedEngineConfig.from_env()
-    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=config.log_level.upper(), format=log_format)
+    init_logging(config.log_level)
     if config.exit_with_parent:
         _exit_with_parent()
     sock = _bind(config.host, config.port)

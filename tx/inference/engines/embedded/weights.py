@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from tx.devices import resolve_device
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.types import ConflictError, NotFoundError, UserError
 
@@ -32,16 +33,6 @@ logger = logging.getLogger(__name__)
 
 _UNSET = object()
 ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """"auto" -> the current CUDA device when there is one, else cpu; a bare "cuda" gets the current index."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def load_model(model_dir: Path, device: torch.device | None = None) -> torch.nn.Module:

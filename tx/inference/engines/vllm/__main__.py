@@ -28,6 +28,7 @@ from tx.inference.engines.vllm.app import create_app
 from tx.inference.engines.vllm.child import VllmChild, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.engines.vllm.server import BASE_MODEL_NAME, VllmEngine
+from tx.logging import init_logging
 
 logger = logging.getLogger("tx.inference.engines.vllm")
 
@@ -99,10 +100,7 @@ def _exit_on_signal(signum, frame) -> None:
 
 def main() -> None:
     config = VllmEngineConfig.from_env()
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    init_logging(config.log_level)
     try:
         version = require_vllm()
     except VllmUnavailable as exc:

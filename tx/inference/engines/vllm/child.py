@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 
+from tx.inference.engines.http import error_detail
 from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
 from tx.inference.engines.vllm.images import is_multimodal
 
@@ -142,7 +143,7 @@ class VllmChild:
     ) -> Any:
         response = await self.http.request(method, path, json=json_body, params=params, timeout=timeout)
         if response.status_code >= 400:
-            raise VllmError(response.status_code, _detail(response))
+            raise VllmError(response.status_code, error_detail(response))
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text  # e.g. /v1/load_lora_adapter answers plain text
@@ -167,19 +168,6 @@ class VllmChild:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=timeout_s)
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text
-    if isinstance(body, dict):
-        error = body.get("error", body.get("detail", body))
-        if isinstance(error, dict):
-            return str(error.get("message", error))
-        return str(error)
-    return str(body)
 
 
 def private_dirs(config: VllmEngineConfig) -> tuple[Path, Path]:
