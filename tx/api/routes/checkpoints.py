@@ -38,9 +38,9 @@ async def list_user_checkpoints(
     ctx: Ctx, caller: Caller, limit: int = Query(100, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
 ) -> CheckpointsListResponse:
-    rows, total = await asyncio.to_thread(ctx.catalog.list_for_user, caller.owner, limit, offset)
+    views, total = await asyncio.to_thread(ctx.catalog.list_for_user, caller.owner, limit, offset)
     return CheckpointsListResponse(
-        checkpoints=[checkpoint_view(r) for r in rows], cursor=Cursor(offset=offset, limit=limit, total_count=total)
+        checkpoints=[checkpoint_view(v) for v in views], cursor=Cursor(offset=offset, limit=limit, total_count=total)
     )
 
 
