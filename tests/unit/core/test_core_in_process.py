@@ -1,0 +1,155 @@
+"""tx/core in-process: the scheduler, futures and the training service over a real SQLite store and
+FakeBackend (tests/fake_backend.py), with no server start. A scheduler bug reproduces here in ms."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from fake_backend import BASE, FakeBackend
+from tx.backends.base import TrainingBackend
+from tx.core.checkpoints import CheckpointFiles
+from tx.core.futures import Future, FutureRegistry
+from tx.core.scheduler import Scheduler
+from tx.core.service import TrainingService
+from tx.store.store import Store
+from tx.types import AdamParams, ErrorCategory, ForwardBackwardInput, LoraConfig, ModelInput, UserError
+from tx.types import Datum as DomainDatum
+
+OWNER = "owner-a"
+
+
+class Core:
+    """The core as `tx serve` wires it, minus HTTP and engines."""
+
+    def __init__(self, tmp_path: Path, gap_timeout_s: float) -> None:
+        self.backend = FakeBackend()
+        self.store = Store.from_url(f"sqlite:///{tmp_path / 'tx.db'}")
+        self.futures = FutureRegistry(asyncio.get_running_loop(), ttl_s=3600)
+        self.scheduler = Scheduler(self.futures, gap_timeout_s)
+        self.service = TrainingService(self.store, self.backend, self.futures, self.scheduler,
+                                       CheckpointFiles(tmp_path / "checkpoints"))
+        self.scheduler.start()
+
+    def close(self) -> None:
+        self.scheduler.stop(5)
+        self.store.close()
+
+    async def done(self, future: Future, timeout_s: float = 10.0) -> Future:
+        finished = await self.futures.wait(future.request_id, future.owner, timeout_s)
+        assert finished.done, f"{future.kind} did not finish in {timeout_s} s"
+        return finished
+
+    async def new_model(self) -> str:
+        session = self.service.create_session(OWNER, None, [], {})
+        created = await self.done(self.service.create_model(OWNER, session, 0, BASE, LoraConfig(rank=4), None))
+        assert created.failure is None, created.failure
+        return created.result.model_id
+
+    def forward_backward(self, model_id: str, seq_id: int, loss: str = "cross_entropy") -> Future:
+        batch = ForwardBackwardInput([DomainDatum(ModelInput.from_tokens([1, 2, 3]), {})], loss)
+        return self.service.forward_backward(OWNER, model_id, seq_id, batch)
+
+
+def run(tmp_path: Path, scenario: Callable[[Core], Awaitable[None]], gap_timeout_s: float = 30.0) -> None:
+    async def main() -> None:
+        core = Core(tmp_path, gap_timeout_s)
+        try:
+            await scenario(core)
+        finally:
+            core.close()
+
+    asyncio.run(main())
+
+
+def test_the_fake_implements_the_whole_backend_interface() -> None:
+    assert issubclass(FakeBackend, TrainingBackend) and not FakeBackend.__abstractmethods__
+
+
+def test_jobs_run_in_seq_id_order_whatever_order_they_arrive_in(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        core.backend.release.clear()  # hold the trainer while all three arrive
+        third = core.service.optim_step(OWNER, model, 3, AdamParams(learning_rate=0.5))
+        second = core.forward_backward(model, 2)
+        first = core.service.optim_step(OWNER, model, 1, AdamParams(learning_rate=0.25))
+        core.backend.release.set()
+        for future in (first, second, third):
+            assert (await core.done(future)).failure is None
+        assert [c for c, _ in core.backend.calls[1:]] == ["optim_step", "forward_backward", "optim_step"]
+        assert second.result.metrics["loss:sum"] == pytest.approx(0.25 * 3)  # saw the first step only
+
+    run(tmp_path, scenario)
+
+
+def test_a_refused_submission_frees_its_seq_id_at_once(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        with pytest.raises(UserError, match="learning_rate"):
+            core.service.optim_step(OWNER, model, 1, AdamParams(learning_rate=-1.0))
+        core.service.reject_seq(OWNER, model, 1)  # what the route does with a refused call
+        started = time.monotonic()
+        assert (await core.done(core.forward_backward(model, 2), timeout_s=5)).failure is None
+        assert time.monotonic() - started < 5  # the gap timeout is 30 s
+
+    run(tmp_path, scenario)
+
+
+def test_another_owner_cannot_free_a_seq_id(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        core.service.reject_seq("someone-else", model, 1)
+        late = core.forward_backward(model, 2)
+        assert not (await core.futures.wait(late.request_id, OWNER, 0.3)).done  # still waits for seq 1
+
+    run(tmp_path, scenario)
+
+
+def test_a_gap_is_skipped_after_the_timeout_and_the_late_call_fails(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        assert (await core.done(core.forward_backward(model, 2))).failure is None
+        late = await core.done(core.forward_backward(model, 1))
+        assert late.failure is not None and "skipped" in late.failure.message
+
+    run(tmp_path, scenario, gap_timeout_s=0.2)
+
+
+def test_a_resubmitted_seq_id_answers_with_the_original_future(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        first = core.forward_backward(model, 1)
+        assert core.forward_backward(model, 1) is first
+        await core.done(first)
+        assert [c for c, _ in core.backend.calls].count("forward_backward") == 1
+
+    run(tmp_path, scenario)
+
+
+def test_failures_carry_their_category(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        user = await core.done(core.forward_backward(model, 1, loss="no_such_loss"))
+        server = await core.done(core.forward_backward(model, 2, loss="explode"))
+        assert user.failure.category is ErrorCategory.USER and "no_such_loss" in user.failure.message
+        assert server.failure.category is ErrorCategory.SERVER and "RuntimeError" in server.failure.message
+        assert (await core.done(core.forward_backward(model, 3))).failure is None  # the queue goes on
+
+    run(tmp_path, scenario)
+
+
+def test_a_saved_state_loads_into_a_new_run(tmp_path: Path) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        await core.done(core.service.optim_step(OWNER, model, 1, AdamParams(learning_rate=0.75)))
+        saved = await core.done(core.service.save_weights(OWNER, model, 2, "step-1", None, False, None))
+        session = core.service.create_session(OWNER, None, [], {})
+        loaded = await core.done(core.service.load_into_new_model(OWNER, session, 0, saved.result.path, True))
+        assert loaded.failure is None, loaded.failure
+        assert core.backend.weights[loaded.result.model_id] == pytest.approx(0.75)
+
+    run(tmp_path, scenario)
