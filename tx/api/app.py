@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,23 +62,36 @@ class Runtime:
     scheduler: Scheduler
 
 
+def engine_colocation(settings: Settings) -> bool:
+    """Whether engines share the trainer's accelerator: as set, else whenever a CUDA GPU is present."""
+    if settings.engine_colocate is not None:
+        return settings.engine_colocate
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
-                  trainer_device: str = "cpu") -> EngineManager:
+                  trainer_device: str, launcher: Launcher, colocate: bool) -> EngineManager:
     """`trainer_device`: where the trainer runs (the backend's `training_device()`); it picks the weight
     transport to each engine (gloo, NCCL, CUDA IPC)."""
-    colocate = settings.engine_colocate
-    if colocate is None:
-        import torch
-
-        colocate = torch.cuda.is_available()
     engine_settings = EngineSettings(
         count=settings.engine_count, colocate=colocate, sleep_level=settings.engine_sleep_level,
         max_adapters=settings.engine_max_adapters, versions_kept=settings.sampler_versions_kept,
         trainer_device=trainer_device,
     )
-    manager = EngineManager(models, engine_settings, build_launcher(settings, len(models), colocate))
+    manager = EngineManager(models, engine_settings, launcher)
     manager.bind(loop)
     return manager
+
+
+def trainer_placement(launcher: Launcher, loop: asyncio.AbstractEventLoop) -> Callable[[int], dict] | None:
+    """With Ray, where trainer worker `rank` goes (asked of the launcher on the server's loop, from the
+    training thread); None for local engines (trainer workers are then local processes)."""
+    trainer_options = getattr(launcher, "trainer_options", None)
+    if trainer_options is None:
+        return None
+    return lambda rank: asyncio.run_coroutine_threadsafe(trainer_options(rank), loop).result()
 
 
 def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launcher:
@@ -102,8 +115,9 @@ def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launc
     import ray
 
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
+    trainers = settings.trainer_workers if settings.trainer_workers > 1 else 0
     spec = PlacementSpec(num_engines=settings.engine_count * num_models, tensor_parallel_size=tp,
-                         colocate=colocate and use_gpu, use_gpu=use_gpu)
+                         num_trainer_workers=trainers, colocate=colocate and use_gpu, use_gpu=use_gpu)
     return RayLauncher(spec, secret, engine=settings.engine, address=address, work_dir=work_dir, **options)
 
 
@@ -126,13 +140,15 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
     images = ImageInputs.from_settings(settings)
+    colocate = engine_colocation(settings)
+    launcher = build_launcher(settings, len(models), colocate)
     backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits,
-                             workers=settings.trainer_workers,
-                             trainer=trainer_settings(settings))
+                             workers=settings.trainer_workers, trainer=trainer_settings(settings),
+                             ray_options=trainer_placement(launcher, loop))
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
-    manager = build_manager(settings, models, loop, backend.training_device())
+    manager = build_manager(settings, models, loop, backend.training_device(), launcher, colocate)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     service = TrainingService(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tx.backends.base import TrainingBackend
 
@@ -20,14 +21,16 @@ def create_backend(
     image_limits: ImageLimits | None = None,
     workers: int = 1,
     trainer: TrainerSettings | None = None,
+    ray_options: Callable[[int], dict[str, Any]] | None = None,
 ) -> TrainingBackend:
     """Build the backend called `name`, importing its heavy library only now; with `workers` > 1 the trainer
-    runs on that many worker processes (torch only). `trainer`: micro-batch budget, dtype and checkpointing
-    of the torch trainer (device defaults when None)."""
+    runs on that many worker processes (torch only), Ray actors placed by `ray_options(rank)` if given.
+    `trainer`: micro-batch budget, dtype and checkpointing of the torch trainer (device defaults when None)."""
     if name == "torch" and workers > 1:
         from tx.backends.torch.workers import create_workers_backend
 
-        return create_workers_backend(models, workers, device=device, image_limits=image_limits)
+        return create_workers_backend(models, workers, device=device, image_limits=image_limits,
+                                      trainer=trainer, ray_options=ray_options)
     if name == "torch":
         from tx.backends.torch.backend import TorchBackend
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-
 import numpy as np
 import pytest
 import torch
@@ -138,15 +135,3 @@ def test_datums_cross_the_control_channel_unchanged():
     for key, value in datum.loss_fn_inputs.items():
         assert back.loss_fn_inputs[key].dtype == value.dtype
         np.testing.assert_array_equal(back.loss_fn_inputs[key], value)
-
-
-def test_a_killed_worker_fails_the_step_and_the_group_restarts(workers):  # last: it replaces the group
-    workers.create_model("victim", TINY_NAME, LORA)
-    os.kill(workers._group.pids()[1], signal.SIGKILL)  # rank 0 then blocks in the step's first collective
-    with pytest.raises(RuntimeError, match="trainer worker 1 .* died .* during forward_backward"):
-        workers.forward_backward("victim", ce(DATA))
-    assert workers._group is None  # the rest of the group was killed
-    with pytest.raises(UserError, match="create_training_client_from_state"):
-        workers.optim_step("victim", AdamParams())
-    workers.create_model("fresh", TINY_NAME, LORA)  # a new group
-    assert workers.forward_backward("fresh", ce(DATA)).metrics["loss:sum"] > 0

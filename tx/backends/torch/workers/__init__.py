@@ -1,16 +1,19 @@
 """The torch trainer on N worker processes in one torch.distributed group (FSDP2), local or on Ray.
 
 `create_workers_backend` builds the API process's side (`backend.WorkersBackend`); each worker runs
-`worker.py` and hosts runs sharded by `sharded.py`; `group.py` starts local worker processes.
+`worker.py` and hosts runs sharded by `sharded.py`; `group.py` starts local worker processes and
+`ray_workers.py` Ray actors.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tx.backends.torch.workers.backend import WorkersBackend
-from tx.backends.torch.workers.group import LocalWorkers, start_group
+from tx.backends.torch.workers.group import LocalWorkers, WorkerGroup, start_group
 from tx.multimodal import ImageLimits
 
 
@@ -21,11 +24,20 @@ def create_workers_backend(
     device: str = "auto",
     image_limits: ImageLimits | None = None,
     threads: int = 0,
+    ray_options: Callable[[int], dict[str, Any]] | None = None,
 ) -> WorkersBackend:
-    """`size` local worker processes; on CPU each gets an equal share of the cores unless `threads` is set."""
-    threads = threads or max(1, (os.cpu_count() or 1) // size)
-    return WorkersBackend(
-        models,
-        lambda: start_group(LocalWorkers(size, models, device, threads), "127.0.0.1"),
-        image_limits=image_limits,
-    )
+    """`size` local worker processes (each with an equal share of the cores unless `threads` is set), or with
+    `ray_options` (rank -> Ray actor options) `size` Ray actors (each with the CPUs its placement claims)."""
+    if ray_options is not None:
+        from tx.backends.torch.workers.ray_workers import RayWorkers
+
+        def start() -> WorkerGroup:
+            workers = RayWorkers(size, models, device, threads, ray_options)
+            return start_group(workers, workers.host)
+    else:
+        threads = threads or max(1, (os.cpu_count() or 1) // size)
+
+        def start() -> WorkerGroup:
+            return start_group(LocalWorkers(size, models, device, threads), "127.0.0.1")
+
+    return WorkersBackend(models, start, image_limits=image_limits)
