@@ -1,4 +1,4 @@
-"""`tx serve --trainer-workers 2` through the SDK when a worker dies: a clear error, and the server carries on."""
+"""`tx serve --trainer-workers 2` through the SDK: engines get rank 0's weights; a dead worker is a clear error."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tinker
 from tinker import types
@@ -33,6 +34,29 @@ def worker_pid(server: TxServer, rank: int) -> int:
             if argv[argv.index(b"--rank") + 1] == str(rank).encode():
                 return int(proc.name)
     raise AssertionError(f"tx serve (pid {server.proc.pid}) has no trainer worker {rank}")
+
+
+def test_samplers_get_the_weights_the_workers_trained(workers_server: TxServer) -> None:
+    """The engines receive rank 0's gathered LoRA: sampled logprobs equal the trainer's after training."""
+    client = tinker.ServiceClient(base_url=workers_server.url, api_key=API_KEY)
+    try:
+        tc = client.create_lora_training_client(BASE, rank=4, seed=1).result()
+        for _ in range(3):
+            tc.forward_backward(DATA, "cross_entropy").result()
+            tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        sampler = tc.save_weights_and_get_sampling_client()
+        prompt = list(range(10, 22))
+        params = types.SamplingParams(max_tokens=5, temperature=0.7)
+        seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
+        full = prompt + list(seq.tokens)
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(full[:-1]),
+            loss_fn_inputs={"target_tokens": full[1:], "weights": [1.0] * (len(full) - 1)},
+        )
+        trained = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        np.testing.assert_allclose(seq.logprobs, trained[len(prompt) - 1 :], atol=1e-3)
+    finally:
+        client.close("success")
 
 
 def test_a_killed_worker_fails_the_step_and_runs_restore_from_checkpoints(workers_server: TxServer) -> None:

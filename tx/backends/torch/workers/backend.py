@@ -79,6 +79,8 @@ class WorkersBackend(TrainingBackend):
         self._runs: dict[str, _RunInfo] = {}
         self._lost: dict[str, str] = {}  # model_id -> why
         self._lock = threading.Lock()  # one call on the group at a time
+        # the last LoRA gathered (a sampler save reads it twice: files, then the engines), until weights change
+        self._gathered: tuple[str, dict[str, torch.Tensor]] | None = None
 
     # ---- base models ----
 
@@ -205,8 +207,10 @@ class WorkersBackend(TrainingBackend):
     def iter_trainable_weights(self, model_id: str) -> Iterator[tuple[str, Any]]:
         """The run's LoRA tensors, gathered on rank 0 and copied here (CPU tensors)."""
         self._run(model_id)
-        _, payload = self._all(Request(op="read_lora", model_id=model_id))
-        yield from tensors.from_bytes(payload).items()
+        if self._gathered is None or self._gathered[0] != model_id:
+            _, payload = self._all(Request(op="read_lora", model_id=model_id))
+            self._gathered = model_id, tensors.from_bytes(payload)
+        yield from self._gathered[1].items()
 
     def close(self) -> None:
         with self._lock:
@@ -234,6 +238,8 @@ class WorkersBackend(TrainingBackend):
         with self._lock:
             group = self._ensure_group()
             op = next(iter(messages.values()))[0].op
+            if op not in ("read_lora", "read_state", "forward_backward"):
+                self._gathered = None  # the weights may change
             try:
                 replies = group.call(messages)
             except WorkerDied as exc:
