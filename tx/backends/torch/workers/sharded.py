@@ -10,8 +10,9 @@ Losses are SUMS over tokens (`losses.py`), and each rank runs its share of the d
 summed across ranks, not averaged: every FSDP module divides by 1 and reduces with a plain SUM (gloo has
 no pre-multiplied sum). The sum of the ranks' losses and the gradients then equal a one-process run.
 
-Every rank must run the same collectives in the same order: each `forward_backward` is one pass on every
-rank, and a rank without datums runs a pass on one token whose loss is multiplied by zero (`idle_pass`).
+Every rank must run the same collectives in the same order: the ranks agree on the most passes any of them
+runs for a step, and a rank with fewer (or no datums) runs passes on one token whose loss is multiplied by
+zero (`idle_pass`) after its own.
 
 Each run holds its own sharded copy of the base model (1/N of it on each worker): adapters cannot be added
 to a model FSDP has already sharded.
@@ -22,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -63,10 +65,20 @@ class ShardedTorchBackend(TorchBackend):
         run.optimizer = new_optimizer(run.params.values())
 
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
+        """This rank's share of a step, padded with idle passes to as many passes as the busiest rank runs."""
+        mine = self.passes(batch)
+        most = torch.tensor([mine], device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        result = ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
         if batch.data:
-            return super().forward_backward(model_id, batch)
-        self.idle_pass(model_id, backward=not batch.forward_only)
-        return ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
+            result = super().forward_backward(model_id, batch)
+        for _ in range(int(most.item()) - mine):
+            self.idle_pass(model_id, backward=not batch.forward_only)
+        return result
+
+    def passes(self, batch: ForwardBackwardInput) -> int:
+        """How many forward passes (each one all-gather per block) the trainer runs for `batch`: one per batch."""
+        return 1 if batch.data else 0
 
     def idle_pass(self, model_id: str, *, backward: bool) -> None:
         """A pass on one token that adds nothing: it keeps this rank in step with ranks that have data."""
