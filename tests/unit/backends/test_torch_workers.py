@@ -7,6 +7,7 @@ import pytest
 import torch
 from backend_helpers import TINY_NAME, ce, sft_data, snapshot
 
+from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers import create_workers_backend
 from tx.backends.torch.workers.backend import split_by_tokens
 from tx.backends.torch.workers.messages import WireDatum
@@ -34,7 +35,10 @@ STEPS = [
 
 @pytest.fixture(scope="module")
 def workers(tiny_model_dir):
-    backend = create_workers_backend({TINY_NAME: tiny_model_dir}, 2, device="cpu", threads=1)
+    """2 workers with micro-batches of at most 20 tokens: rank 0's share of DATA (16 tokens) takes one pass and
+    rank 1's (16 + 8) two, so rank 0 pads with an idle pass (the in-process trainer runs DATA in one)."""
+    settings = TrainerSettings(micro_batch_tokens=20)
+    backend = create_workers_backend({TINY_NAME: tiny_model_dir}, 2, device="cpu", threads=1, trainer=settings)
     yield backend
     backend.close()
 

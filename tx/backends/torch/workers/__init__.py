@@ -7,12 +7,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers.backend import WorkersBackend
+from tx.backends.torch.workers.messages import WorkerSpec
 from tx.backends.torch.workers.group import LocalWorkers, WorkerGroup, start_group
 from tx.multimodal import ImageLimits
 
@@ -24,20 +27,32 @@ def create_workers_backend(
     device: str = "auto",
     image_limits: ImageLimits | None = None,
     threads: int = 0,
+    trainer: TrainerSettings | None = None,
     ray_options: Callable[[int], dict[str, Any]] | None = None,
 ) -> WorkersBackend:
     """`size` local worker processes (each with an equal share of the cores unless `threads` is set), or with
-    `ray_options` (rank -> Ray actor options) `size` Ray actors (each with the CPUs its placement claims)."""
+    `ray_options` (rank -> Ray actor options) `size` Ray actors (each with the CPUs its placement claims).
+    `trainer`: the torch trainer's settings, which every worker applies."""
+    trainer = trainer or TrainerSettings()
+    spec = WorkerSpec(
+        world_size=size,
+        models={name: str(path) for name, path in models.items()},
+        device=device,
+        threads=threads,
+        trainer=dataclasses.asdict(trainer),
+    )
     if ray_options is not None:
         from tx.backends.torch.workers.ray_workers import RayWorkers
 
         def start() -> WorkerGroup:
-            workers = RayWorkers(size, models, device, threads, ray_options)
+            workers = RayWorkers(spec, ray_options)
             return start_group(workers, workers.host)
     else:
-        threads = threads or max(1, (os.cpu_count() or 1) // size)
+        local = spec.model_copy(update={"threads": threads or max(1, (os.cpu_count() or 1) // size)})
 
         def start() -> WorkerGroup:
-            return start_group(LocalWorkers(size, models, device, threads), "127.0.0.1")
+            return start_group(LocalWorkers(local), "127.0.0.1")
 
-    return WorkersBackend(models, start, image_limits=image_limits)
+    return WorkersBackend(
+        models, start, image_limits=image_limits, max_sequence_tokens=trainer.max_sequence_tokens
+    )

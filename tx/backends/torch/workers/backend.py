@@ -69,11 +69,14 @@ class WorkersBackend(TrainingBackend):
         start_group: Callable[[], WorkerGroup],
         *,
         image_limits: ImageLimits | None = None,
+        max_sequence_tokens: int | None = None,
     ) -> None:
-        """`start_group` starts a fresh, joined worker group (on the first call and after a fault)."""
+        """`start_group` starts a fresh, joined worker group (on the first call and after a fault);
+        `image_limits` and `max_sequence_tokens` are the trainer's checks on datums (as in `TorchBackend`)."""
         self._paths = {name: Path(path) for name, path in models.items()}
         self._start_group = start_group
         self._image_limits = image_limits or ImageLimits()
+        self._max_sequence_tokens = max_sequence_tokens
         self._infos: dict[str, BaseModelInfo] = {}
         self._group: WorkerGroup | None = None
         self._runs: dict[str, _RunInfo] = {}
@@ -162,7 +165,8 @@ class WorkersBackend(TrainingBackend):
         loss_fn = get_loss(batch.loss_fn)
         loss_fn.resolve_config(batch.loss_fn_config)
         vision = vision_processor(self._paths[run.base_model])
-        prepare_data(batch.data, loss_fn, self.base_model_info(run.base_model), vision, self._image_limits)
+        info = self.base_model_info(run.base_model)
+        prepare_data(batch.data, loss_fn, info, vision, self._image_limits, self._max_sequence_tokens)
 
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
         adam.validate()

@@ -8,19 +8,19 @@ pipe closes): the others may then be blocked in a collective, so the whole group
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import subprocess
 import sys
 import threading
-from pathlib import Path
+import time
 from typing import Protocol
 
-from tx.backends.torch.workers.messages import Reply, Request, read_frame, write_frame
+from tx.backends.torch.workers.messages import Reply, Request, WorkerSpec, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
+ERROR_GRACE_S = 10.0  # how long the other workers may take to answer once one has failed
 Message = tuple[Request, bytes]
 
 
@@ -55,35 +55,22 @@ def start_group(group: WorkerGroup, host: str) -> WorkerGroup:
 
 
 class LocalWorkers:
-    def __init__(self, size: int, models: dict[str, Path], device: str, threads: int) -> None:
-        self.size = size
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.size = spec.world_size
         self._procs: list[subprocess.Popen] = []
-        self._queues: list[queue.Queue] = []
-        models_json = json.dumps({name: str(path) for name, path in models.items()})
-        for rank in range(size):
-            cmd = [
-                sys.executable,
-                "-m",
-                "tx.backends.torch.workers.worker",
-                "--rank",
-                str(rank),
-                "--world-size",
-                str(size),
-                "--models",
-                models_json,
-                "--device",
-                device,
-                "--threads",
-                str(threads),
-            ]
+        self._replies: queue.Queue = queue.Queue()  # (rank, (reply, payload) or None once its pipe closed)
+        for rank in range(self.size):
+            module = "tx.backends.torch.workers.worker"
+            cmd = [sys.executable, "-m", module, "--rank", str(rank), "--spec", spec.model_dump_json()]
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ))
-            replies: queue.Queue = queue.Queue()
             threading.Thread(
-                target=_read_replies, args=(proc, replies), daemon=True, name=f"trainer-worker-{rank}-replies"
+                target=_read_replies,
+                args=(rank, proc, self._replies),
+                daemon=True,
+                name=f"trainer-worker-{rank}-replies",
             ).start()
             self._procs.append(proc)
-            self._queues.append(replies)
-        logger.info("started %d trainer workers: pids %s", size, [p.pid for p in self._procs])
+        logger.info("started %d trainer workers: pids %s", self.size, [p.pid for p in self._procs])
 
     def pids(self) -> list[int]:
         return [proc.pid for proc in self._procs]
@@ -95,17 +82,18 @@ class LocalWorkers:
             except (BrokenPipeError, OSError, ValueError) as exc:
                 raise self._died(rank) from exc
         replies: dict[int, tuple[Reply, bytes]] = {}
-        pending = set(messages)
-        while pending:
-            for rank in sorted(pending):
-                try:
-                    item = self._queues[rank].get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if item is None:
-                    raise self._died(rank)
-                replies[rank] = item
-                pending.discard(rank)
+        failed_at: float | None = None
+        while len(replies) < len(messages):
+            timeout = None if failed_at is None else max(0.0, failed_at + ERROR_GRACE_S - time.monotonic())
+            try:
+                rank, item = self._replies.get(timeout=timeout)
+            except queue.Empty:
+                raise blocked_after_error(replies) from None
+            if item is None:
+                raise self._died(rank)
+            replies[rank] = item
+            if not item[0].ok and failed_at is None:
+                failed_at = time.monotonic()
         return replies
 
     def _died(self, rank: int) -> WorkerDied:
@@ -137,9 +125,16 @@ class LocalWorkers:
                 proc.wait(10)
 
 
-def _read_replies(proc: subprocess.Popen, replies: queue.Queue) -> None:
+def _read_replies(rank: int, proc: subprocess.Popen, replies: queue.Queue) -> None:
     try:
         while True:
-            replies.put(read_frame(proc.stdout, Reply))  # type: ignore[arg-type]
+            replies.put((rank, read_frame(proc.stdout, Reply)))  # type: ignore[arg-type]
     except (EOFError, OSError, ValueError):
-        replies.put(None)
+        replies.put((rank, None))
+
+
+def blocked_after_error(replies: dict[int, tuple[Reply, bytes]]) -> WorkerDied:
+    """A worker failed and the others did not answer within the grace time: they are blocked in a collective
+    their failed peer left."""
+    rank, (reply, _) = next((r, item) for r, item in sorted(replies.items()) if not item[0].ok)
+    return WorkerDied(f"trainer worker {rank} failed ({reply.error}) while the others were in a collective")

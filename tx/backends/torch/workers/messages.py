@@ -168,6 +168,18 @@ class WireAdam(BaseModel):
         return AdamParams(**self.model_dump())
 
 
+class WorkerSpec(BaseModel):
+    """What every worker of a group is started with (its rank comes separately)."""
+
+    world_size: int
+    models: dict[str, str]  # served name -> model directory (the same path on every node)
+    device: str = "auto"  # as configured: auto, cpu, cuda, cuda:N
+    threads: int = 0  # torch CPU threads; 0 = torch's default
+    trainer: dict[str, Any] = Field(
+        default_factory=dict
+    )  # TrainerSettings fields (dtype, micro-batch budget, ...)
+
+
 class Request(BaseModel):
     op: Op
     model_id: str = ""

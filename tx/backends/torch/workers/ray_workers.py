@@ -11,12 +11,12 @@ Every node must hold the served model directories at the same paths.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from tx.backends.torch.workers.group import WorkerDied
-from tx.backends.torch.workers.messages import Reply, Request
+from tx.backends.torch.workers.group import ERROR_GRACE_S, WorkerDied, blocked_after_error
+from tx.backends.torch.workers.messages import Reply, Request, WorkerSpec
 from tx.inference.ray import import_ray
 
 logger = logging.getLogger(__name__)
@@ -26,14 +26,11 @@ STARTUP_TIMEOUT_S = 600.0
 class TrainerActor:
     """One rank of the group inside a Ray actor (plain class: `RayWorkers` applies `ray.remote`)."""
 
-    def __init__(self, rank: int, world_size: int, models: dict[str, str], device: str, threads: int) -> None:
-        import torch
+    def __init__(self, rank: int, spec_json: str) -> None:
+        from tx.backends.torch.workers.worker import Worker
 
-        from tx.backends.torch.workers.worker import Worker, worker_device
-
-        if threads:
-            torch.set_num_threads(threads)
-        self.worker = Worker(rank, world_size, models, worker_device(device, 0))  # Ray shows it its GPU as 0
+        spec = WorkerSpec.model_validate_json(spec_json)
+        self.worker = Worker(rank, spec, local_rank=0)  # Ray shows an actor its GPU as the only one
 
     def node_ip(self) -> str:
         return import_ray().util.get_node_ip_address()
@@ -44,26 +41,18 @@ class TrainerActor:
 
 
 class RayWorkers:
-    def __init__(
-        self,
-        size: int,
-        models: dict[str, Path],
-        device: str,
-        threads: int,
-        options: Callable[[int], dict[str, Any]],
-    ) -> None:
-        """`options(rank)`: the Ray actor options that place rank `rank` (its bundle and claims)."""
+    def __init__(self, spec: WorkerSpec, options: Callable[[int], dict[str, Any]]) -> None:
+        """`options(rank)`: the Ray actor options that place rank `rank` (its bundle and claims); without
+        `spec.threads`, each actor uses as many CPU threads as its placement claims CPUs."""
         ray = import_ray()
-        self.size = size
+        self.size = spec.world_size
         actor_class = ray.remote(TrainerActor)
-        paths = {name: str(path) for name, path in models.items()}
         self._actors = []
-        for rank in range(size):
+        for rank in range(self.size):
             placed = options(rank)
-            cpus = threads or max(1, int(placed.get("num_cpus") or 1))
-            self._actors.append(
-                actor_class.options(max_restarts=0, **placed).remote(rank, size, paths, device, cpus)
-            )
+            threads = spec.threads or max(1, int(placed.get("num_cpus") or 1))
+            mine = spec.model_copy(update={"threads": threads}).model_dump_json()
+            self._actors.append(actor_class.options(max_restarts=0, **placed).remote(rank, mine))
         try:
             self.host = ray.get(self._actors[0].node_ip.remote(), timeout=STARTUP_TIMEOUT_S)
         except Exception as exc:
@@ -77,15 +66,20 @@ class RayWorkers:
             for rank, (request, payload) in messages.items()
         }
         replies: dict[int, tuple[Reply, bytes]] = {}
-        pending = list(refs.values())
+        pending, failed_at = list(refs.values()), None
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            timeout = None if failed_at is None else max(0.0, failed_at + ERROR_GRACE_S - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=timeout)
+            if not done:
+                raise blocked_after_error(replies)
             rank = next(r for r, ref in refs.items() if ref == done[0])
             try:
                 text, out = ray.get(done[0])
             except ray.exceptions.RayActorError as exc:
                 raise WorkerDied(f"trainer worker {rank} (a Ray actor) died: {exc}") from exc
             replies[rank] = Reply.model_validate_json(text), out
+            if not replies[rank][0].ok and failed_at is None:
+                failed_at = time.monotonic()
         return replies
 
     def close(self, *, kill: bool = False) -> None:

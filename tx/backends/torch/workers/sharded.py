@@ -27,8 +27,14 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from tx.backends.losses import get_loss
 from tx.backends.torch.backend import TorchBackend, _copy_weights
+from tx.backends.torch.batch import prepare_data
+from tx.backends.torch.lora import AdapterHost
+from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.optim import new_optimizer
+from tx.backends.torch.plan import plan_micro_batches
+from tx.multimodal import vision_processor
 from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig, UserError
 
 
@@ -47,6 +53,18 @@ def like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 class ShardedTorchBackend(TorchBackend):
+    def _host(self, base_model: str) -> AdapterHost:
+        """The base model, loaded on the CPU: `fully_shard` moves each block's shard to the device, so a model
+        larger than one GPU never lands whole on one."""
+        if base_model not in self._hosts:
+            dtype, checkpointing = (
+                getattr(torch, self.settings.dtype),
+                bool(self.settings.gradient_checkpointing),
+            )
+            model = load_causal_lm(self._paths[base_model], torch.device("cpu"), dtype, checkpointing)
+            self._hosts[base_model] = AdapterHost(model)
+        return self._hosts[base_model]
+
     def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
         super().create_model(model_id, base_model, lora)
         run = self._runs[model_id]
@@ -63,10 +81,14 @@ class ShardedTorchBackend(TorchBackend):
                 module.set_force_sum_reduction_for_comms(True)
         run.params = host.parameters(run.adapter)  # FSDP replaced them with sharded ones
         run.optimizer = new_optimizer(run.params.values())
+        dtype, checkpointing = getattr(torch, self.settings.dtype), bool(self.settings.gradient_checkpointing)
+        self._budgets[base_model] = self._budget(
+            host.model, dtype, checkpointing
+        )  # with 1/N of the model here
 
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         """This rank's share of a step, padded with idle passes to as many passes as the busiest rank runs."""
-        mine = self.passes(batch)
+        mine = self.passes(model_id, batch)
         most = torch.tensor([mine], device=self.device)
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
         result = ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
@@ -76,9 +98,17 @@ class ShardedTorchBackend(TorchBackend):
             self.idle_pass(model_id, backward=not batch.forward_only)
         return result
 
-    def passes(self, batch: ForwardBackwardInput) -> int:
-        """How many forward passes (each one all-gather per block) the trainer runs for `batch`: one per batch."""
-        return 1 if batch.data else 0
+    def passes(self, model_id: str, batch: ForwardBackwardInput) -> int:
+        """How many micro-batches (passes, each all-gathering every block) the trainer runs for `batch`."""
+        if not batch.data:
+            return 0
+        run = self._run(model_id)
+        info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
+        loss = get_loss(batch.loss_fn)
+        items = prepare_data(
+            batch.data, loss, info, vision, self._image_limits, self.settings.max_sequence_tokens
+        )
+        return len(plan_micro_batches([item.num_tokens for item in items], self._budgets[run.base_model]))
 
     def idle_pass(self, model_id: str, *, backward: bool) -> None:
         """A pass on one token that adds nothing: it keeps this rank in step with ranks that have data."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import sys
@@ -21,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from tx.backends.torch.workers import tensors
-from tx.backends.torch.workers.messages import Reply, Request, WireArray, read_frame, write_frame
+from tx.backends.torch.settings import TrainerSettings
+from tx.backends.torch.workers.messages import Reply, Request, WireArray, WorkerSpec, read_frame, write_frame
 from tx.backends.torch.workers.sharded import ShardedTorchBackend
 from tx.logging import init_logging
 from tx.types import ConflictError, NotFoundError, UserError
@@ -31,10 +31,14 @@ GROUP_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 class Worker:
-    def __init__(self, rank: int, world_size: int, models: dict[str, str], device: str) -> None:
-        self.rank, self.world_size = rank, world_size
-        self.models = {name: Path(path) for name, path in models.items()}
-        self.device = torch.device(device)
+    def __init__(self, rank: int, spec: WorkerSpec, local_rank: int) -> None:
+        """Rank `rank` of a group started with `spec`; `local_rank` picks its GPU among those it sees."""
+        self.rank, self.world_size = rank, spec.world_size
+        self.models = {name: Path(path) for name, path in spec.models.items()}
+        self.device = torch.device(worker_device(spec.device, local_rank))
+        self.trainer = TrainerSettings(**spec.trainer)
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
         self._store: dist.TCPStore | None = None
         self._runs: dict[str, ShardedTorchBackend] = {}
 
@@ -57,7 +61,7 @@ class Worker:
             return Reply(), b""
         if op == "create_model":
             assert request.lora is not None
-            backend = ShardedTorchBackend(self.models, device=str(self.device))
+            backend = ShardedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
             backend.create_model(model_id, request.base_model, request.lora.lora())
             self._runs[model_id] = backend
             return Reply(), b""
@@ -130,19 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     stray prints of libraries cannot corrupt the channel)."""
     parser = argparse.ArgumentParser(description="a tx trainer worker (started by tx serve)")
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--models", required=True, help="JSON: served name -> model directory")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--spec", required=True, help="the group's WorkerSpec as JSON")
     args = parser.parse_args(argv)
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     init_logging(process=f"trainer-worker-{args.rank}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    worker = Worker(
-        args.rank, args.world_size, json.loads(args.models), worker_device(args.device, args.rank)
-    )
+    worker = Worker(args.rank, WorkerSpec.model_validate_json(args.spec), local_rank=args.rank)
     requests = sys.stdin.buffer
     while True:
         try:
