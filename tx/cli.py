@@ -1,4 +1,4 @@
-"""The `tx` command: `tx serve`, `tx models make-tiny`, `tx checkpoints export`."""
+"""The `tx` command: `tx serve`, `tx engine serve`, `tx models make-tiny`, `tx checkpoints export`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
     p.add_argument("--max-json-bytes", type=int, help="largest body of any other route (default 4 MiB)")
     p.add_argument("--engine", choices=("embedded", "vllm"), help="inference engine (default embedded)")
-    p.add_argument("--engine-count", type=int, help="inference engines per base model (default 1)")
+    p.add_argument("--engine-count", type=int,
+                   help="engines tx starts per base model (default 1; 0 for a model with external engines)")
+    p.add_argument("--engine-url", action="append", dest="engine_urls",
+                   help="an external engine (tx engine serve) by URL; repeatable")
+    p.add_argument("--engine-secret", help="the external engines' cluster secret (better: TX_ENGINE_SECRET)")
+    p.add_argument("--engine-probe-interval-s", type=float,
+                   help="how often an external engine that stopped answering is probed (default 2)")
     p.add_argument("--engine-tensor-parallel-size", type=int, help="GPUs per vLLM engine (default 1)")
     p.add_argument("--engine-memory-share", type=float, help="share of GPU memory per vLLM engine")
     p.add_argument("--engine-dtype", choices=("float32", "bfloat16", "float16"),
@@ -104,10 +110,31 @@ def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
                    help="the base models the server serves, as for `tx serve` (default: the built-in one)")
 
 
+def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="run one inference engine standalone, for a tx serve --engine-url elsewhere",
+        description="Serves tx's engine contract until stopped. The cluster secret comes from the environment "
+        "variable TX_ENGINE_SECRET (never argv).",
+    )
+    p.add_argument("--kind", choices=("embedded", "vllm"), default="embedded", help="engine (default embedded)")
+    p.add_argument("--model", required=True, help="a local model directory or a hub id in the HF cache")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind: loopback or a private cluster address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8001, help="port to bind (default 8001; 0 = any free port)")
+    p.add_argument("--ready-file", type=Path, help="write {url, pid} here once serving (for scripts)")
+    p.add_argument("--max-adapters", type=int, default=8, help="weight versions kept loaded (default 8)")
+    p.add_argument("--device", default="auto", help="embedded engine: auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="vLLM engine dtype (default float32, the trainer's)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine: GPUs (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    engine = sub.add_parser("engine", help="inference engines").add_subparsers(dest="engine_command", required=True)
+    _engine_serve_parser(engine)
     models = sub.add_parser("models", help="model files").add_subparsers(dest="models_command", required=True)
     _make_tiny_parser(models)
     _checkpoints_parser(sub)
@@ -139,6 +166,19 @@ def serve(args: argparse.Namespace) -> int:
     app = create_app(settings)
     logger.info("tx listening on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75)
+    return 0
+
+
+def engine_serve(args: argparse.Namespace) -> int:
+    from tx.inference.engines.standalone import StandaloneEngine, StandaloneError, serve as serve_engine
+    from tx.types import NotFoundError
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "engine_command")}
+    try:
+        serve_engine(StandaloneEngine(**options))
+    except (StandaloneError, NotFoundError, ValidationError) as exc:
+        print(f"tx engine serve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -187,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if args.command == "checkpoints":
         return export_checkpoint(args)
+    if args.command == "engine":
+        return engine_serve(args)
     return make_tiny(args)
 
 

@@ -8,13 +8,21 @@ way to configure tx.
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "tiny-qwen3"
+
+
+def _engine_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"engine URL {url!r} must start with http:// or https://")
+    return url
 
 
 def default_data_dir() -> Path:
@@ -95,7 +103,22 @@ class Settings(BaseSettings):
     engine: Literal["embedded", "vllm"] = Field(
         "embedded", description="Inference engine: the embedded transformers engine, or vLLM (the [vllm] extra)."
     )
-    engine_count: int = Field(1, ge=1, le=64, description="Inference engines per served base model.")
+    engine_count: int | None = Field(
+        None, ge=0, le=64, description="Inference engines tx starts per served base model. Default: 1, or 0 for a "
+        "base model that has external engines (--engine-url).",
+    )
+    engine_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="External engines (`tx engine serve`, started by someone else) by URL; each serves the base "
+        "model its /health fingerprint matches. tx never starts, stops or sleeps them. In TX_ENGINE_URLS: "
+        "comma-separated or a JSON list.",
+    )
+    engine_secret: SecretStr | None = Field(
+        None, description="The external engines' cluster secret (their TX_ENGINE_SECRET); needed with engine_urls."
+    )
+    engine_probe_interval_s: float = Field(
+        2.0, gt=0, le=300, description="How often an external engine that stopped answering is probed again."
+    )
     engine_tensor_parallel_size: int = Field(1, ge=1, description="GPUs per vLLM engine.")
     engine_memory_share: float | None = Field(
         None, gt=0, le=1, description="Share of each GPU's memory a vLLM engine may use (vLLM's default if unset)."
@@ -155,6 +178,15 @@ class Settings(BaseSettings):
                 raise ValueError("every API key must start with 'tml-' (the tinker SDK requires it)")
         return keys
 
+    @field_validator("engine_urls", mode="before")
+    @classmethod
+    def _urls_list(cls, value: object) -> object:
+        if isinstance(value, str):  # from TX_ENGINE_URLS
+            value = json.loads(value) if value.lstrip().startswith("[") else [u for u in value.split(",") if u.strip()]
+        if isinstance(value, list):
+            return [_engine_url(str(u)) for u in value]
+        return value
+
     @field_validator("asset_allowed_networks")
     @classmethod
     def _networks_parse(cls, networks: list[str]) -> list[str]:
@@ -170,6 +202,20 @@ class Settings(BaseSettings):
                 "(any 'tml-' key is accepted only on loopback)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _external_engines_need_secret(self) -> Settings:
+        if self.engine_urls and self.engine_secret is None:
+            raise ValueError("--engine-url needs the engines' cluster secret: set TX_ENGINE_SECRET or --engine-secret")
+        if self.engine_count == 0 and not self.engine_urls:
+            raise ValueError("--engine-count 0 leaves nothing to sample from: give --engine-url too")
+        return self
+
+    def managed_engine_count(self, has_external: bool) -> int:
+        """Engines tx starts for one base model (see `engine_count`)."""
+        if self.engine_count is not None:
+            return self.engine_count
+        return 0 if has_external else 1
 
     @property
     def resolved_engine_dtype(self) -> str:

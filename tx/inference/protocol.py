@@ -29,6 +29,10 @@ Design / who owns what:
   `POST /weights/update_ipc`: the same push as CUDA IPC handles (JSON), answered once all is applied.
 - `GET /health` also says where the engine runs (device, GPU UUID, hostname) and which weight transports it
   takes; the manager picks gloo, NCCL or CUDA IPC from that (`weight_sync/transport.py`).
+- `GET /health` reports `contract_version` (this module's `CONTRACT_VERSION`; an engine that reports none is
+  older than version 1) and `model_fingerprint` (`tx.models.fingerprint`), so that tx can check an engine it
+  did not start (`tx serve --engine-url`) before it trusts it. Bump `CONTRACT_VERSION` on any change an older
+  engine would not understand.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
     from tx.multimodal import ExpandedInput
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
+CONTRACT_VERSION = 1  # reported in /health; tx refuses an external engine that reports another
 
 ROUTE_HEALTH = "/health"  # GET, no secret
 ROUTE_GENERATE = "/generate"  # POST GenerateRequest -> GenerateResponse
@@ -285,6 +290,8 @@ class StateResponse(_Wire):
 
 class HealthResponse(StateResponse):
     model: str
+    contract_version: int = Field(default=CONTRACT_VERSION, description="the contract version the engine serves")
+    model_fingerprint: str | None = Field(default=None, description="tx.models.fingerprint of its model")
     base_version: str | None = None
     adapters: dict[str, str | None] = Field(default_factory=dict, description="name -> version label")
     asleep_tags: list[WakeTag] = Field(default_factory=list)
@@ -304,6 +311,7 @@ class HealthResponse(StateResponse):
 
 
 __all__ = [
+    "CONTRACT_VERSION",
     "ROUTE_ADAPTER",
     "ROUTE_GENERATE",
     "ROUTE_HEALTH",

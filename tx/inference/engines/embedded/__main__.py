@@ -60,8 +60,9 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="tx-engine-parent-watch", daemon=True).start()
 
 
-def main() -> None:
-    config = EmbeddedEngineConfig.from_env()
+def main(config: EmbeddedEngineConfig | None = None) -> None:
+    """Serve one engine: `config`, or the one in the environment (as tx's launchers hand it over)."""
+    config = config or EmbeddedEngineConfig.from_env()
     init_logging(config.log_level)
     if config.exit_with_parent:
         _exit_with_parent()

@@ -32,6 +32,7 @@ from tx.inference.protocol import (
     WeightsUpdateResponse,
 )
 from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
+from tx.models.fingerprint import model_fingerprint
 from tx.multimodal import ImageLimits, vision_processor
 from tx.types import NotFoundError, UserError
 
@@ -51,6 +52,7 @@ class EmbeddedEngine:
         self.vision = vision_processor(config.model_dir)  # None for a text-only model
         self.image_limits = ImageLimits()  # the server checked its own caps; these only bound the work here
         self.placement = _placement(self.weights.device)  # what /health says about where this engine runs
+        self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
 
     def start(self) -> None:
         self.scheduler.start()
@@ -145,6 +147,7 @@ class EmbeddedEngine:
             paused=self.scheduler.paused,
             sleeping_level=weights.sleep_level,
             model=str(self.config.model_dir),
+            model_fingerprint=self.fingerprint,
             base_version=weights.base_version,
             adapters=dict(weights.adapters),
             asleep_tags=sorted(weights.asleep),

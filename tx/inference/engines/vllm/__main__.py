@@ -98,8 +98,9 @@ def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)  # runs the `finally` that stops vLLM
 
 
-def main() -> None:
-    config = VllmEngineConfig.from_env()
+def main(config: VllmEngineConfig | None = None) -> None:
+    """Serve one engine: `config`, or the one in the environment (as tx's launchers hand it over)."""
+    config = config or VllmEngineConfig.from_env()
     init_logging(config.log_level)
     try:
         version = require_vllm()

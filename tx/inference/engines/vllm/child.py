@@ -88,7 +88,8 @@ class VllmChild:
         return args + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("TX_ENGINE_CONFIG", "TX_ENGINE_CONFIG_FILE")}
+        secrets = ("TX_ENGINE_CONFIG", "TX_ENGINE_CONFIG_FILE", "TX_ENGINE_SECRET")  # vLLM needs none of them
+        env = {k: v for k, v in os.environ.items() if k not in secrets}
         env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)  # never: nothing here is pickled
         env.update(
             {

@@ -49,6 +49,7 @@ from tx.inference.engines.vllm.translate import (
     wants_prompt_logprobs,
 )
 from tx.inference.stops import cut_at_resumed_stop
+from tx.models.fingerprint import model_fingerprint
 from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
 from tx.types import ConflictError, NotFoundError, UserError
 
@@ -79,6 +80,7 @@ class VllmEngine:
         self._batch = BatchGate()
         self.vision = VisionModel.load(config.model_dir)  # None: a text-only model
         self._placement: dict | None = None  # what /health says about where vLLM runs (read on first use)
+        self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
         self._tokenizer: Any = None  # for stop strings across an abort (loaded on first use)
 
     # ---- sampling
@@ -326,6 +328,7 @@ class VllmEngine:
             paused=self.paused,
             sleeping_level=self.sleeping_level,
             model=str(self.config.model_dir),
+            model_fingerprint=self.fingerprint,
             base_version=self.base_version,
             adapters=dict(self.adapters),
             asleep_tags=sorted(self.asleep),

@@ -1,0 +1,80 @@
+"""`tx engine serve`: one engine started by hand, on any machine, for a `tx serve --engine-url` elsewhere.
+
+It serves the same contract as the engines tx starts itself (`tx/inference/protocol.py`), in the foreground,
+until SIGTERM or Ctrl-C; it does not exit when its parent goes away. The cluster secret comes from the
+environment (`TX_ENGINE_SECRET`), never from argv, so it does not show in `ps`. The embedded engine runs in
+this process; the vLLM engine runs `vllm serve` as a child on a private socket, with tx's worker extension
+(`tx/inference/engines/vllm/child.py` builds that command line).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tx.inference.engines.config import EngineProcessConfig
+
+SECRET_ENV = "TX_ENGINE_SECRET"
+MIN_SECRET_CHARS = 8
+
+
+class StandaloneError(ValueError):
+    """A bad `tx engine serve` invocation (the message says what to change)."""
+
+
+@dataclass(frozen=True)
+class StandaloneEngine:
+    """What `tx engine serve` was asked for."""
+
+    kind: Literal["embedded", "vllm"]
+    model: str  # a local directory or a hub id in the HF cache
+    host: str = "127.0.0.1"
+    port: int = 8001
+    ready_file: Path | None = None
+    max_adapters: int = 8
+    device: str = "auto"  # embedded only
+    dtype: str = "float32"  # vLLM only
+    tensor_parallel_size: int = 1  # vLLM only
+    extra_vllm_args: list[str] = field(default_factory=list)
+
+    def config(self, secret: str) -> EngineProcessConfig:
+        """The engine's config (the model resolved to its directory)."""
+        from tx.models.resolve import resolve_model_dir
+
+        common = dict(model_dir=resolve_model_dir(self.model), cluster_secret=secret, host=self.host,
+                      port=self.port, ready_file=self.ready_file, max_adapters=self.max_adapters,
+                      exit_with_parent=False)
+        if self.kind == "embedded":
+            from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+
+            return EmbeddedEngineConfig(**common, device=self.device)
+        from tx.inference.engines.vllm.config import VllmEngineConfig
+
+        tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
+        return VllmEngineConfig(**common, dtype=self.dtype, extra_args=tp + list(self.extra_vllm_args))
+
+
+def secret_from_env() -> str:
+    secret = os.environ.get(SECRET_ENV, "")
+    if len(secret) < MIN_SECRET_CHARS:
+        raise StandaloneError(
+            f"set {SECRET_ENV} to the cluster secret (at least {MIN_SECRET_CHARS} characters; the same value "
+            "tx serve gets as --engine-secret / TX_ENGINE_SECRET). It is read from the environment only, so it "
+            "never shows in ps."
+        )
+    return secret
+
+
+def serve(engine: StandaloneEngine) -> None:
+    """Run the engine in the foreground until it is stopped."""
+    config = engine.config(secret_from_env())
+    if engine.kind == "embedded":
+        from tx.inference.engines.embedded.__main__ import main
+    else:
+        from tx.inference.engines.vllm.__main__ import main
+    main(config)
+
+
+__all__ = ["SECRET_ENV", "StandaloneEngine", "StandaloneError", "secret_from_env", "serve"]
