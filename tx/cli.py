@@ -127,6 +127,13 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="vLLM engine dtype (default float32, the trainer's)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine: GPUs (default 1)")
+    p.add_argument("--max-model-len", type=int, help="vLLM engine: --max-model-len")
+    p.add_argument("--vllm-url",
+                   help="vLLM engine: serve over a vLLM you started on this machine (see --print-vllm-command)")
+    p.add_argument("--print-vllm-command", action="store_true",
+                   help="print the `vllm serve` command line (flags and environment tx's engine needs) and exit")
+    p.add_argument("--vllm-arg", action="append", dest="extra_vllm_args", default=[],
+                   help="vLLM engine: one more `vllm serve` argument, e.g. --vllm-arg=--max-num-seqs=16; repeatable")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,11 +177,15 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def engine_serve(args: argparse.Namespace) -> int:
-    from tx.inference.engines.standalone import StandaloneEngine, StandaloneError, serve as serve_engine
+    from tx.inference.engines.standalone import StandaloneEngine, StandaloneError, vllm_serve_command
+    from tx.inference.engines.standalone import serve as serve_engine
     from tx.types import NotFoundError
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "engine_command")}
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "engine_command", "print_vllm_command")}
     try:
+        if args.print_vllm_command:
+            print(vllm_serve_command(StandaloneEngine(**{**options, "kind": "vllm"})))
+            return 0
         serve_engine(StandaloneEngine(**options))
     except (StandaloneError, NotFoundError, ValidationError) as exc:
         print(f"tx engine serve: {exc}", file=sys.stderr)

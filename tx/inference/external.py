@@ -10,20 +10,31 @@ Design / who owns what:
   an old contract (no or another `contract_version`), a model tx does not serve, no usable weight transport,
   or a wrong cluster secret (a guarded call that changes nothing answers 401). All problems come in one
   `ExternalEngineError`, so a user fixes them in one go.
-- While serving, the manager marks an engine that stops answering as down and probes it again with
-  `probe` (the same checks, async) until it is healthy; see `tx/inference/manager.py`.
+- While serving (`ExternalEngines`): an engine that stops answering is marked down (requests go to the other
+  engines of its group) and probed every `probe_interval_s` with the same checks. Once it passes, it rejoins
+  as a new engine: no transfer group, no weight versions (the versions it still holds are unloaded before its
+  first use, so it never samples weights tx did not push to it); each version is pushed again before it
+  samples it. The same cleanup runs on first use after tx starts (versions a previous tx left there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
-from tx.inference.protocol import CONTRACT_VERSION, ROUTE_HEALTH, ROUTE_TOKENIZE, SECRET_HEADER
+from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.protocol import ROUTE_ADAPTER, CONTRACT_VERSION, ROUTE_HEALTH, ROUTE_TOKENIZE, SECRET_HEADER
+
+if TYPE_CHECKING:
+    from tx.inference.groups import EngineSlot
+
+logger = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 10.0
 USABLE_TRANSPORTS = ("gloo", "nccl")  # CUDA IPC alone needs the trainer's own GPU: not an engine elsewhere
@@ -37,6 +48,32 @@ class ExternalEngineError(RuntimeError):
 class ExternalEngine:
     url: str  # as given (`tx.config` drops a trailing slash)
     base_model: str  # the served base model it belongs to
+    fingerprint: str  # that model's
+
+
+@dataclass
+class ExternalHandle:
+    """An external engine in its slot (an `EngineHandle` with no process): `up` is what tx last saw of it."""
+
+    name: str
+    url: str
+    fingerprint: str
+    up: bool = True
+    joined: bool = False  # its leftover weight versions were unloaded since it (re)joined
+    problem: str | None = None  # why it is down
+    rejoins: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.up
+
+    @property
+    def pid(self) -> None:
+        return None
+
+    @property
+    def state(self) -> str:
+        return "up" if self.up else "down"
 
 
 def health_problem(health: dict, fingerprints: dict[str, str]) -> tuple[str | None, str | None]:
@@ -99,7 +136,70 @@ def check_at_startup(urls: list[str], secret: str | None, models: dict[str, Path
     problems = [f"engine {url} {problem}" for url, (_, problem) in zip(urls, results) if problem is not None]
     if problems:
         raise ExternalEngineError("external engines failed their startup checks:\n  " + "\n  ".join(problems))
-    return [ExternalEngine(url, base_model) for url, (base_model, _) in zip(urls, results)]
+    return [ExternalEngine(url, base_model, fingerprints[base_model]) for url, (base_model, _) in zip(urls, results)]
 
 
-__all__ = ["ExternalEngine", "ExternalEngineError", "check_at_startup", "health_problem", "probe"]
+class ExternalEngines:
+    """Down, probe, rejoin: the supervision of external engines (tx never starts or stops them)."""
+
+    def __init__(self, client: InferenceClient, probe_interval_s: float, control_timeout_s: float) -> None:
+        self.client = client
+        self.probe_interval_s = probe_interval_s
+        self.control_timeout_s = control_timeout_s
+        self._probes: dict[str, asyncio.Task] = {}
+        self._http: httpx.AsyncClient | None = None
+
+    async def ensure_joined(self, slot: EngineSlot) -> None:
+        """Ready to use, or EngineUnavailable if it is down. Call with the slot's lock held."""
+        handle = slot.process
+        assert isinstance(handle, ExternalHandle)
+        if not handle.up:
+            raise EngineUnavailable(slot.name, f"external engine {handle.url} is down: {handle.problem}")
+        if handle.joined:
+            return
+        try:
+            health = await self.client.get(slot.name, ROUTE_HEALTH, self.control_timeout_s)
+            for name in health.get("adapters") or {}:  # not pushed by this tx (or not since it rejoined)
+                await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=name), self.control_timeout_s)
+        except EngineRequestError as exc:
+            raise EngineUnavailable(slot.name, f"could not unload old weight versions: {exc}") from exc
+        slot.reset()
+        handle.joined = True
+
+    def mark_down(self, slot: EngineSlot, reason: str) -> None:
+        """Take it out of routing and probe it until it is fit again (once, however many callers saw it fail)."""
+        handle = slot.process
+        assert isinstance(handle, ExternalHandle)
+        if handle.up:
+            logger.warning("external engine %s (%s) is down: %s; probing it every %g s", slot.name, handle.url,
+                           reason, self.probe_interval_s)
+            handle.up, handle.joined, handle.problem = False, False, reason
+        if slot.name not in self._probes:
+            task = asyncio.create_task(self._probe_until_fit(slot, handle))
+            self._probes[slot.name] = task
+            task.add_done_callback(lambda _: self._probes.pop(slot.name, None))
+
+    async def _probe_until_fit(self, slot: EngineSlot, handle: ExternalHandle) -> None:
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            _, problem = await probe(self._http, handle.url, self.client.secret, {"": handle.fingerprint})
+            if problem is None:
+                break
+            handle.problem = problem
+        async with slot.lock:
+            slot.reset()  # a new engine as far as tx knows: its transfer group and versions are gone
+            handle.up, handle.joined, handle.problem = True, False, None
+            handle.rejoins += 1
+        logger.info("external engine %s (%s) is fit again and rejoins", slot.name, handle.url)
+
+    async def close(self) -> None:
+        for task in list(self._probes.values()):
+            task.cancel()
+        if self._http is not None:
+            await self._http.aclose()
+
+
+__all__ = ["ExternalEngine", "ExternalEngineError", "ExternalEngines", "ExternalHandle", "check_at_startup",
+           "health_problem", "probe"]

@@ -37,6 +37,8 @@ class StandaloneEngine:
     device: str = "auto"  # embedded only
     dtype: str = "float32"  # vLLM only
     tensor_parallel_size: int = 1  # vLLM only
+    max_model_len: int | None = None  # vLLM only
+    vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine
     extra_vllm_args: list[str] = field(default_factory=list)
 
     def config(self, secret: str) -> EngineProcessConfig:
@@ -53,7 +55,8 @@ class StandaloneEngine:
         from tx.inference.engines.vllm.config import VllmEngineConfig
 
         tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
-        return VllmEngineConfig(**common, dtype=self.dtype, extra_args=tp + list(self.extra_vllm_args))
+        return VllmEngineConfig(**common, dtype=self.dtype, max_model_len=self.max_model_len,
+                                extra_args=tp + list(self.extra_vllm_args), vllm_url=self.vllm_url)
 
 
 def secret_from_env() -> str:
@@ -67,6 +70,23 @@ def secret_from_env() -> str:
     return secret
 
 
+def vllm_serve_command(engine: StandaloneEngine, host: str = "127.0.0.1", port: int = 8000) -> str:
+    """The `vllm serve` command line, environment first, that a user runs to start vLLM themselves with
+    everything tx's engine needs (the worker extension, dev mode, runtime LoRA, raw logprobs, ...); then
+    `tx engine serve --kind vllm --vllm-url http://host:port` on the same machine serves tx's contract over it."""
+    import shlex
+
+    from tx.inference.engines.vllm.child import VllmChild, sleep_mode_on
+    from tx.inference.engines.vllm.server import BASE_MODEL_NAME
+
+    config = engine.config("unused-secret")
+    child = VllmChild(config, Path("."), BASE_MODEL_NAME, sleep_mode_on(config))
+    env = child.environment()
+    words = [f"{k}={env[k]}" for k in ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
+    words += ["vllm", "serve", str(config.model_dir), "--host", host, "--port", str(port), *child.flags()]
+    return " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
+
+
 def serve(engine: StandaloneEngine) -> None:
     """Run the engine in the foreground until it is stopped."""
     config = engine.config(secret_from_env())
@@ -77,4 +97,4 @@ def serve(engine: StandaloneEngine) -> None:
     main(config)
 
 
-__all__ = ["SECRET_ENV", "StandaloneEngine", "StandaloneError", "secret_from_env", "serve"]
+__all__ = ["SECRET_ENV", "StandaloneEngine", "StandaloneError", "secret_from_env", "serve", "vllm_serve_command"]

