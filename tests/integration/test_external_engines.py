@@ -151,7 +151,8 @@ def server(fleet: list[UserEngine], model_dir: Path, tmp_path_factory: pytest.Te
     args = ["--base-model", str(model_dir), "--engine-probe-interval-s", "0.5"]
     for engine in fleet:
         args += ["--engine-url", engine.url]
-    srv = TxServer(tmp_path_factory.mktemp("tx-external"), args=args, env={"TX_ENGINE_SECRET": SECRET}).start()
+    env = {"TX_ENGINE_SECRET": SECRET, "TX_ENGINE_MAX_ADAPTERS": "4"}  # the vLLM engine's --max-adapters
+    srv = TxServer(tmp_path_factory.mktemp("tx-external"), args=args, env=env).start()
     yield srv
     srv.stop()
 

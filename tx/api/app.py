@@ -29,6 +29,7 @@ from tx.core.sampling import SamplingService
 from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
 from tx.core.sessions import SessionService
+from tx.inference.external import ExternalEngine, ExternalEngineError, check_at_startup
 from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.models.serve import resolve_served_models, tokenizer_id_for
@@ -72,15 +73,17 @@ def engine_colocation(settings: Settings) -> bool:
 
 
 def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
-                  trainer_device: str, launcher: Launcher, colocate: bool) -> EngineManager:
+                  trainer_device: str, launcher: Launcher, colocate: bool,
+                  externals: list[ExternalEngine] | None = None) -> EngineManager:
     """`trainer_device`: where the trainer runs (the backend's `training_device()`); it picks the weight
-    transport to each engine (gloo, NCCL, CUDA IPC)."""
+    transport to each engine (gloo, NCCL, CUDA IPC). `externals`: engines started by someone else, checked."""
     engine_settings = EngineSettings(
-        count=settings.engine_count, colocate=colocate, sleep_level=settings.engine_sleep_level,
-        max_adapters=settings.engine_max_adapters, versions_kept=settings.sampler_versions_kept,
-        trainer_device=trainer_device,
+        count=settings.managed_engine_count(False), count_with_external=settings.managed_engine_count(True),
+        colocate=colocate, sleep_level=settings.engine_sleep_level, max_adapters=settings.engine_max_adapters,
+        versions_kept=settings.sampler_versions_kept, trainer_device=trainer_device,
+        probe_interval_s=settings.engine_probe_interval_s,
     )
-    manager = EngineManager(models, engine_settings, launcher)
+    manager = EngineManager(models, engine_settings, launcher, externals or [])
     manager.bind(loop)
     return manager
 
@@ -94,9 +97,11 @@ def trainer_placement(launcher: Launcher, loop: asyncio.AbstractEventLoop) -> Ca
     return lambda rank: asyncio.run_coroutine_threadsafe(trainer_options(rank), loop).result()
 
 
-def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launcher:
-    """Local engine processes by default; Ray actors in a placement group with --ray-address."""
-    secret, work_dir = secrets.token_urlsafe(32), settings.data_dir / "engines"
+def build_launcher(settings: Settings, num_engines: int, colocate: bool) -> Launcher:
+    """Local engine processes by default; Ray actors in a placement group with --ray-address. The engines'
+    secret: the external engines' (`--engine-secret`) when given, so that one client talks to all; else new."""
+    secret = _secret(settings) or secrets.token_urlsafe(32)
+    work_dir = settings.data_dir / "engines"
     tp, options = settings.engine_tensor_parallel_size, {"max_adapters": settings.engine_max_adapters}
     if settings.engine == "vllm":
         options.update(dtype=settings.resolved_engine_dtype, gpu_memory_utilization=settings.engine_memory_share,
@@ -116,7 +121,7 @@ def build_launcher(settings: Settings, num_models: int, colocate: bool) -> Launc
 
     use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     trainers = settings.trainer_workers if settings.trainer_workers > 1 else 0
-    spec = PlacementSpec(num_engines=settings.engine_count * num_models, tensor_parallel_size=tp,
+    spec = PlacementSpec(num_engines=num_engines, tensor_parallel_size=tp,
                          num_trainer_workers=trainers, colocate=colocate and use_gpu, use_gpu=use_gpu)
     return RayLauncher(spec, secret, engine=settings.engine, address=address, work_dir=work_dir, **options)
 
@@ -139,16 +144,20 @@ def trainer_settings(settings: Settings) -> TrainerSettings:
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
+    externals = check_at_startup(settings.engine_urls, _secret(settings), models,  # before the slow parts
+                                 settings.engine_max_adapters)
     images = ImageInputs.from_settings(settings)
     colocate = engine_colocation(settings)
-    launcher = build_launcher(settings, len(models), colocate)
+    with_external = {e.base_model for e in externals}
+    num_engines = sum(settings.managed_engine_count(name in with_external) for name in models)
+    launcher = build_launcher(settings, num_engines, colocate)
     backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits,
                              workers=settings.trainer_workers, trainer=trainer_settings(settings),
                              ray_options=trainer_placement(launcher, loop))
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
-    manager = build_manager(settings, models, loop, backend.training_device(), launcher, colocate)
+    manager = build_manager(settings, models, loop, backend.training_device(), launcher, colocate, externals)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     service = TrainingService(
@@ -169,7 +178,11 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ctx, runtime = build_context(settings, asyncio.get_running_loop())
+        try:
+            ctx, runtime = build_context(settings, asyncio.get_running_loop())
+        except ExternalEngineError as exc:
+            logger.error("tx cannot start: %s", exc)  # one line per engine, each naming its URL
+            raise
         app.state.ctx = ctx
         runtime.scheduler.start()
         janitor = asyncio.create_task(_janitor(ctx))
@@ -204,6 +217,10 @@ async def _janitor(ctx: Context) -> None:
             await asyncio.to_thread(ctx.service.reap_stale_sessions, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")
+
+
+def _secret(settings: Settings) -> str | None:
+    return settings.engine_secret.get_secret_value() if settings.engine_secret else None
 
 
 def _redact(url: str) -> str:

@@ -8,7 +8,7 @@ Design / who owns what:
   reports: one URL list serves every base model, and an engine of another model is refused.
 - At startup every URL is checked (`check_at_startup`); each problem is one line naming the URL: unreachable,
   an old contract (no or another `contract_version`), a model tx does not serve, no usable weight transport,
-  or a wrong cluster secret (a guarded call that changes nothing answers 401). All problems come in one
+  room for fewer weight versions than tx keeps per engine, or a wrong cluster secret (a guarded call that changes nothing answers 401). All problems come in one
   `ExternalEngineError`, so a user fixes them in one go.
 - While serving (`ExternalEngines`): an engine that stops answering is marked down (requests go to the other
   engines of its group) and probed every `probe_interval_s` with the same checks. Once it passes, it rejoins
@@ -76,8 +76,10 @@ class ExternalHandle:
         return "up" if self.up else "down"
 
 
-def health_problem(health: dict, fingerprints: dict[str, str]) -> tuple[str | None, str | None]:
-    """(the base model this engine serves, None) or (None, what is wrong), from its `/health` answer."""
+def health_problem(health: dict, fingerprints: dict[str, str],
+                   max_adapters: int = 1) -> tuple[str | None, str | None]:
+    """(the base model this engine serves, None) or (None, what is wrong), from its `/health` answer.
+    `max_adapters`: the weight versions tx keeps loaded per engine (the engine must hold as many)."""
     version = health.get("contract_version")
     if version != CONTRACT_VERSION:
         have = "none (older than version 1)" if version is None else f"version {version}"
@@ -92,17 +94,21 @@ def health_problem(health: dict, fingerprints: dict[str, str]) -> tuple[str | No
     transports = health.get("weight_transports") or []
     if not any(t in USABLE_TRANSPORTS for t in transports):
         return None, f"takes no weight transport tx can push over from another process ({transports})"
+    holds = health.get("max_adapters")
+    if holds is not None and holds < max_adapters:
+        return None, (f"holds at most {holds} weight versions and tx keeps {max_adapters} loaded per engine: start "
+                      f"it with --max-adapters {max_adapters}, or give tx serve --engine-max-adapters {holds}")
     return matches[0], None
 
 
-async def probe(http: httpx.AsyncClient, url: str, secret: str,
-                fingerprints: dict[str, str]) -> tuple[str | None, str | None]:
+async def probe(http: httpx.AsyncClient, url: str, secret: str, fingerprints: dict[str, str],
+                max_adapters: int = 1) -> tuple[str | None, str | None]:
     """Check one engine: (its base model, None) when it is fit to serve, else (None, the problem)."""
     try:
         answer = await http.get(url + ROUTE_HEALTH, timeout=CHECK_TIMEOUT_S)
         if answer.status_code != 200:
             return None, f"answered {answer.status_code} to GET {ROUTE_HEALTH}: {answer.text[:200]}"
-        base_model, problem = health_problem(answer.json(), fingerprints)
+        base_model, problem = health_problem(answer.json(), fingerprints, max_adapters)
         if problem is not None:
             return None, problem
         guarded = await http.post(url + ROUTE_TOKENIZE, json={"text": ""}, timeout=CHECK_TIMEOUT_S,
@@ -115,7 +121,8 @@ async def probe(http: httpx.AsyncClient, url: str, secret: str,
     return base_model, None
 
 
-def check_at_startup(urls: list[str], secret: str | None, models: dict[str, Path]) -> list[ExternalEngine]:
+def check_at_startup(urls: list[str], secret: str | None, models: dict[str, Path],
+                     max_adapters: int = 1) -> list[ExternalEngine]:
     """Every URL checked at once; the engines with their base models, or ExternalEngineError listing each
     problem. Blocking (it runs its own event loop in a thread): call it while the server starts."""
     if not urls:
@@ -129,7 +136,7 @@ def check_at_startup(urls: list[str], secret: str | None, models: dict[str, Path
 
     async def check_all() -> list[tuple[str | None, str | None]]:
         async with httpx.AsyncClient() as http:
-            return await asyncio.gather(*(probe(http, url, secret, fingerprints) for url in urls))
+            return await asyncio.gather(*(probe(http, url, secret, fingerprints, max_adapters) for url in urls))
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own loop, also when called inside one
         results = pool.submit(asyncio.run, check_all()).result()
@@ -142,8 +149,10 @@ def check_at_startup(urls: list[str], secret: str | None, models: dict[str, Path
 class ExternalEngines:
     """Down, probe, rejoin: the supervision of external engines (tx never starts or stops them)."""
 
-    def __init__(self, client: InferenceClient, probe_interval_s: float, control_timeout_s: float) -> None:
+    def __init__(self, client: InferenceClient, probe_interval_s: float, control_timeout_s: float,
+                 max_adapters: int = 1) -> None:
         self.client = client
+        self.max_adapters = max_adapters
         self.probe_interval_s = probe_interval_s
         self.control_timeout_s = control_timeout_s
         self._probes: dict[str, asyncio.Task] = {}
@@ -184,7 +193,8 @@ class ExternalEngines:
             self._http = httpx.AsyncClient()
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            _, problem = await probe(self._http, handle.url, self.client.secret, {"": handle.fingerprint})
+            _, problem = await probe(self._http, handle.url, self.client.secret, {"": handle.fingerprint},
+                                     self.max_adapters)
             if problem is None:
                 break
             handle.problem = problem

@@ -2,7 +2,8 @@
 
 A slot is a stable place for one engine (its name survives restarts, so routing stays sticky); the process in
 it changes when the engine is restarted. Everything that is per engine process (the weight transport, the
-collective group, the adapters it holds) is reset with it.
+collective group, the adapters it holds) is reset with it. An external engine (`tx serve --engine-url`) has a
+slot too, holding an `ExternalHandle` for good: tx never starts or stops it (`external.py`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import asyncio
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
+from tx.inference.external import ExternalEngine, ExternalHandle
 from tx.inference.launch import EngineHandle
 from tx.inference.router import Router
 from tx.inference.weight_sync import BroadcastSender, TransportChoice
@@ -27,7 +30,9 @@ class GroupState(enum.Enum):
 
 @dataclass(frozen=True)
 class EngineSettings:
-    count: int = 1
+    count: int = 1  # engines tx starts per base model
+    count_with_external: int = 0  # ... per base model that has external engines
+    probe_interval_s: float = 2.0  # how often an external engine that is down is probed
     colocate: bool = False
     sleep_level: int = 1
     max_adapters: int = 8  # weight versions an engine keeps loaded
@@ -49,6 +54,10 @@ class EngineSlot:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.alive
+
+    @property
+    def external(self) -> bool:
+        return isinstance(self.process, ExternalHandle)
 
     def reset(self) -> None:
         if self.sender is not None:
@@ -72,12 +81,23 @@ class EngineGroup:
     def alive(self) -> list[str]:
         return [key for key, slot in self.slots.items() if slot.alive]
 
+    def managed(self) -> list[EngineSlot]:
+        """The slots of engines tx starts itself (not external ones)."""
+        return [slot for slot in self.slots.values() if not slot.external]
 
-def build_groups(model_dirs: dict[str, Path], count: int) -> dict[str, EngineGroup]:
-    return {
-        name: EngineGroup(name, path, {f"{i}": EngineSlot(f"{_slug(name)}-{i}") for i in range(count)})
-        for name, path in model_dirs.items()
-    }
+
+def build_groups(model_dirs: dict[str, Path], settings: EngineSettings,
+                 externals: Sequence[ExternalEngine] = ()) -> dict[str, EngineGroup]:
+    groups = {}
+    for name, path in model_dirs.items():
+        mine = [e for e in externals if e.base_model == name]
+        count = settings.count_with_external if mine else settings.count
+        slots = {f"{i}": EngineSlot(f"{_slug(name)}-{i}") for i in range(count)}
+        for i, engine in enumerate(mine):
+            slot_name = f"{_slug(name)}-x{i}"
+            slots[f"x{i}"] = EngineSlot(slot_name, ExternalHandle(slot_name, engine.url, engine.fingerprint))
+        groups[name] = EngineGroup(name, path, slots)
+    return groups
 
 
 def _slug(name: str) -> str:

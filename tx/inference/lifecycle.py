@@ -7,6 +7,8 @@ Design / who owns what:
 - Colocated engines sleep before a training pass, only if awake (a second pass in a row sends nothing).
   After a level-2 sleep engines hold no adapters, so versions are pushed again before anything samples them.
 - Transitions run on the server's event loop, under the group's condition.
+- Only the engines tx starts take part: external engines are never started, slept or woken here (they are
+  always awake, and never colocated).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class Lifecycle:
         if group.state is GroupState.ABSENT:
             group.state = GroupState.STARTING
             try:
-                await asyncio.gather(*(self.supervisor.ensure_running(group, s) for s in group.slots.values()))
+                await asyncio.gather(*(self.supervisor.ensure_running(group, s) for s in group.managed()))
             except BaseException:
                 group.state = GroupState.ABSENT
                 raise
@@ -60,6 +62,6 @@ class Lifecycle:
             level = self.settings.sleep_level
             await self.supervisor.control(group, ROUTE_SLEEP, SleepRequest(level=level, mode="wait").model_dump())
             if level == 2:
-                for slot in group.slots.values():
+                for slot in group.managed():
                     slot.adapters.clear()
             group.state = GroupState.ASLEEP

@@ -9,7 +9,9 @@ supervision, each in its own module:
 - `report.py`: what operators see.
 
 Here: a sample is routed to one engine (sticky on the sampling session), its weights are made ready there, and
-a request that met a dead engine is retried once on the restarted one, then failed with a server error.
+a request that met a dead engine is retried once on the restarted one, then failed with a server error. A
+request that met an external engine that stopped answering is retried on another engine of the group (that one
+is marked down and probed, `external.py`), and fails with a server error when none is left.
 Runs on the server's event loop; `before_training` and `save_sampler` are the entry points for the training
 thread, `pin` for request threads.
 """
@@ -18,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.external import ExternalEngine
 from tx.inference.groups import EngineGroup, EngineSettings, EngineSlot, GroupState, build_groups
 from tx.inference.launch import EngineHandle, Launcher
 from tx.inference.lifecycle import Lifecycle
@@ -40,11 +43,19 @@ __all__ = ["EngineManager", "EngineSettings", "EngineSlot", "GroupState"]
 
 
 class EngineManager:
-    def __init__(self, model_dirs: dict[str, Path], settings: EngineSettings, launcher: Launcher) -> None:
+    def __init__(self, model_dirs: dict[str, Path], settings: EngineSettings, launcher: Launcher,
+                 externals: Sequence[ExternalEngine] = ()) -> None:
+        """`externals`: engines someone else started (checked: `external.check_at_startup`); they share the
+        launcher's secret."""
         self.settings = settings
         self.client = InferenceClient(engines={}, secret=launcher.secret)
-        self.groups = build_groups(model_dirs, settings.count)
-        self.supervisor = Supervisor(launcher, self.client, settings.control_timeout_s)
+        self.groups = build_groups(model_dirs, settings, externals)
+        for group in self.groups.values():
+            for slot in group.slots.values():
+                if slot.external:
+                    self.client.engines[slot.name] = slot.process.url
+        self.supervisor = Supervisor(launcher, self.client, settings.control_timeout_s, settings.probe_interval_s,
+                                     settings.max_adapters)
         self.lifecycle = Lifecycle(settings, self.supervisor)
         self.publisher = Publisher(settings, self.client)
         self.versions = VersionStore(settings.versions_kept)
@@ -58,7 +69,8 @@ class EngineManager:
         return self.groups[base_model].model_dir
 
     def engine_processes(self) -> list[EngineHandle]:
-        return [s.process for g in self.groups.values() for s in g.slots.values() if s.process is not None]
+        """The engines tx started (not external ones)."""
+        return [s.process for g in self.groups.values() for s in g.managed() if s.process is not None]
 
     async def describe(self) -> list[dict[str, Any]]:
         return await describe_groups(list(self.groups.values()), self.client)
@@ -81,25 +93,42 @@ class EngineManager:
     async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, key: SampleKey,
                                     request: SampleRequest, prompt: ExpandedInput | None) -> SampleResult:
         self.supervisor.restart_dead_in_background(group)
-        slot = group.slots[group.router.pick(key.sampler_id, group.alive() or None)]  # one engine per session
-        for attempt in (1, 2):
-            await self.supervisor.ensure_running(group, slot)
+        failed: set[str] = set()  # external engines that failed this request
+        restarted = False
+        while True:
+            slot_key = self._pick(group, key.sampler_id, failed)  # one engine per session
+            slot = group.slots[slot_key]
             process = slot.process
             try:
+                await self.supervisor.ensure_running(group, slot)
                 adapter = await self.publisher.ensure_adapter(slot, version)
                 generate = GenerateRequest.from_sample_request(request, adapter, prompt)
                 answer = await self.client.generate(slot.name, str(key), generate)
                 return answer.to_sample_result()
             except EngineUnavailable as exc:
-                logger.warning("engine %s failed during a sample (attempt %d): %s", slot.name, attempt, exc)
-                if attempt == 2:
+                logger.warning("engine %s failed during a sample: %s", slot.name, exc)
+                if slot.external:
+                    self.supervisor.external.mark_down(slot, str(exc))
+                    failed.add(slot_key)
+                    continue
+                if restarted:
                     raise RuntimeError(f"engine {slot.name} failed twice while sampling: {exc}") from exc
+                restarted = True
                 await self.supervisor.restart(group, slot, process)
             except EngineRequestError as exc:
                 if 400 <= exc.status < 500:
                     raise UserError(exc.detail) from exc
                 raise
-        raise AssertionError("unreachable")
+
+    def _pick(self, group: EngineGroup, sampler_id: str, failed: set[str]) -> str:
+        """The session's engine among the live ones (a dead managed one is restarted when none is live);
+        RuntimeError when only external engines that are down are left."""
+        live = [key for key in group.alive() if key not in failed]
+        candidates = live or [key for key, slot in group.slots.items() if not slot.external]
+        if not candidates:
+            down = "; ".join(f"{s.process.url}: {s.process.problem}" for s in group.slots.values() if s.external)
+            raise RuntimeError(f"no engine of {group.base_model} can sample now (external engines down: {down})")
+        return group.router.pick(sampler_id, candidates)
 
     # -- weights ----------------------------------------------------------------------------
     def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,
@@ -121,7 +150,18 @@ class EngineManager:
         if group.state is GroupState.ABSENT and not start:
             return
         async with self.lifecycle.use(group):
-            await asyncio.gather(*(self.publisher.ensure_adapter(s, version) for s in group.slots.values()))
+            slots = [s for s in group.slots.values() if s.alive or not s.external]  # down ones get it on rejoin
+            await asyncio.gather(*(self._publish_to(group, s, version) for s in slots))
+
+    async def _publish_to(self, group: EngineGroup, slot: EngineSlot, version: WeightVersion) -> None:
+        try:
+            if slot.external:
+                await self.supervisor.ensure_running(group, slot)  # joined: leftover versions unloaded
+            await self.publisher.ensure_adapter(slot, version)
+        except EngineUnavailable as exc:
+            if not slot.external:
+                raise
+            self.supervisor.external.mark_down(slot, str(exc))  # the others get the version; it, on rejoin
 
     # -- training ---------------------------------------------------------------------------
     def before_training(self) -> None:

@@ -1,11 +1,12 @@
 """What operators see of the engines (`GET /api/v1/tx/engines`): each group's state, and each engine's
-process, transport, adapters and health."""
+process (or, for an external engine, whether it is up), transport, adapters and health."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.external import ExternalHandle
 from tx.inference.groups import EngineGroup, EngineSlot
 from tx.inference.protocol import ROUTE_HEALTH
 
@@ -19,7 +20,10 @@ async def describe_groups(groups: list[EngineGroup], client: InferenceClient) ->
 
 
 async def _describe_slot(slot: EngineSlot, client: InferenceClient) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": slot.name, "adapters": list(slot.adapters), "pid": None, "alive": False}
+    info: dict[str, Any] = {"name": slot.name, "adapters": list(slot.adapters), "pid": None, "alive": False,
+                            "external": slot.external}
+    if isinstance(slot.process, ExternalHandle):  # started by someone else: up or down, and why
+        info.update(state=slot.process.state, problem=slot.process.problem, rejoins=slot.process.rejoins)
     if slot.transport is not None:
         t = slot.transport
         info["transport"] = {"kind": t.kind, "master_address": t.master_address, "reason": t.reason}

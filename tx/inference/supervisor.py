@@ -8,6 +8,9 @@ Design / who owns what:
 - A dead engine found while routing is restarted in the background; requests go to live engines meanwhile.
 - `control` fans a control call out to a group and restarts each engine that failed it, so the group stays
   consistent (a restarted engine is awake and holds no adapters).
+- External engines are never started, restarted, stopped or sent control calls: `ensure_running` only checks
+  that one is up (and has joined), and `restart` marks it down for `ExternalEngines` to probe until it
+  rejoins.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import logging
 
 from tx.inference.client import InferenceClient
+from tx.inference.external import ExternalEngines
 from tx.inference.groups import EngineGroup, EngineSlot
 from tx.inference.launch import EngineHandle, Launcher
 
@@ -23,16 +27,22 @@ logger = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, launcher: Launcher, client: InferenceClient, control_timeout_s: float) -> None:
+    def __init__(self, launcher: Launcher, client: InferenceClient, control_timeout_s: float,
+                 probe_interval_s: float = 2.0, max_adapters: int = 1) -> None:
         self.launcher = launcher
         self.client = client
         self.control_timeout_s = control_timeout_s
+        self.external = ExternalEngines(client, probe_interval_s, control_timeout_s, max_adapters)
         self.restarts = 0  # processes replaced after a failure (for operators and tests)
         self._background: set[asyncio.Task] = set()
 
     async def ensure_running(self, group: EngineGroup, slot: EngineSlot) -> None:
+        """A live engine in the slot; an external one that is down raises EngineUnavailable."""
         async with slot.lock:
-            await self._start_unless_alive(group, slot)
+            if slot.external:
+                await self.external.ensure_joined(slot)
+            else:
+                await self._start_unless_alive(group, slot)
 
     async def _start_unless_alive(self, group: EngineGroup, slot: EngineSlot) -> None:
         if slot.alive:
@@ -45,7 +55,11 @@ class Supervisor:
         self.client.engines[slot.name] = slot.process.url
 
     async def restart(self, group: EngineGroup, slot: EngineSlot, failed: EngineHandle | None) -> None:
-        """Replace `failed` (the process a caller saw fail). A process already put in its place is kept."""
+        """Replace `failed` (the process a caller saw fail). A process already put in its place is kept.
+        An external engine is not replaced: it is marked down (and probed until it rejoins)."""
+        if slot.external:
+            self.external.mark_down(slot, "it failed a request")
+            return
         async with slot.lock:
             if failed is not None and slot.process is failed:
                 if failed.alive:
@@ -57,7 +71,7 @@ class Supervisor:
 
     def restart_dead_in_background(self, group: EngineGroup) -> None:
         """Requests skip a dead engine; it comes back on its own, without holding them up."""
-        for slot in group.slots.values():
+        for slot in group.managed():
             if slot.process is not None and not slot.alive and not slot.lock.locked():
                 task = asyncio.create_task(self.ensure_running(group, slot))
                 self._background.add(task)
@@ -65,7 +79,7 @@ class Supervisor:
 
     async def control(self, group: EngineGroup, path: str, body: dict) -> None:
         """Fan a control call out; an engine that fails it is restarted (restarted engines are awake)."""
-        slots = {s.name: (s, s.process) for s in group.slots.values() if s.process is not None}
+        slots = {s.name: (s, s.process) for s in group.managed() if s.process is not None}
         results = await self.client.fan_out(path, body, self.control_timeout_s, list(slots))
         for name, result in results.items():
             if isinstance(result, Exception):
@@ -76,10 +90,11 @@ class Supervisor:
     async def close(self, groups: list[EngineGroup]) -> None:
         for task in list(self._background):
             task.cancel()
+        await self.external.close()
         for group in groups:
             for slot in group.slots.values():
                 slot.reset()
-                if slot.process is not None:
+                if slot.process is not None and not slot.external:
                     await self.launcher.stop(slot.process)
                     slot.process = None
         await self.launcher.close()

@@ -50,12 +50,14 @@ def health(**fields) -> dict:
     ({"contract_version": CONTRACT_VERSION + 1}, f"contract version {CONTRACT_VERSION + 1}"),
     ({"model_fingerprint": "sha256:b"}, "none of the base models this server serves: base (sha256:a)"),
     ({"weight_transports": ["ipc"]}, "takes no weight transport"),
+    ({"max_adapters": 2}, "holds at most 2 weight versions and tx keeps 4"),
+    ({"max_adapters": 4}, None),
 ])
 def test_health_problems(fields: dict, problem: str | None) -> None:
     body = health(**fields)
     if fields.get("contract_version", 0) is None:
         del body["contract_version"]
-    model, found = health_problem(body, {"base": "sha256:a"})
+    model, found = health_problem(body, {"base": "sha256:a"}, max_adapters=4)
     if problem is None:
         assert (model, found) == ("base", None)
     else:

@@ -148,6 +148,7 @@ class EmbeddedEngine:
             sleeping_level=weights.sleep_level,
             model=str(self.config.model_dir),
             model_fingerprint=self.fingerprint,
+            max_adapters=self.config.max_adapters,
             base_version=weights.base_version,
             adapters=dict(weights.adapters),
             asleep_tags=sorted(weights.asleep),

@@ -329,6 +329,7 @@ class VllmEngine:
             sleeping_level=self.sleeping_level,
             model=str(self.config.model_dir),
             model_fingerprint=self.fingerprint,
+            max_adapters=self.config.max_adapters,
             base_version=self.base_version,
             adapters=dict(self.adapters),
             asleep_tags=sorted(self.asleep),
