@@ -8,8 +8,8 @@ Design / who owns what:
   reports: one URL list serves every base model, and an engine of another model is refused.
 - At startup every URL is checked (`check_at_startup`); each problem is one line naming the URL: unreachable,
   an old contract (no or another `contract_version`), a model tx does not serve, no usable weight transport,
-  room for fewer weight versions than tx keeps per engine, or a wrong cluster secret (a guarded call that changes nothing answers 401). All problems come in one
-  `ExternalEngineError`, so a user fixes them in one go.
+  room for fewer weight versions than tx keeps per engine, or a wrong cluster secret (a guarded call that
+  changes nothing answers 401). All problems come in one `ExternalEngineError`, so a user fixes them in one go.
 - While serving (`ExternalEngines`): an engine that stops answering is marked down (requests go to the other
   engines of its group) and probed every `probe_interval_s` with the same checks. Once it passes, it rejoins
   as a new engine: no transfer group, no weight versions (the versions it still holds are unloaded before its
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
-from tx.inference.protocol import ROUTE_ADAPTER, CONTRACT_VERSION, ROUTE_HEALTH, ROUTE_TOKENIZE, SECRET_HEADER
+from tx.inference.protocol import CONTRACT_VERSION, ROUTE_ADAPTER, ROUTE_HEALTH, ROUTE_TOKENIZE, SECRET_HEADER
 
 if TYPE_CHECKING:
     from tx.inference.groups import EngineSlot

@@ -81,6 +81,16 @@ class EngineGroup:
     def alive(self) -> list[str]:
         return [key for key, slot in self.slots.items() if slot.alive]
 
+    def pick(self, sampler_id: str, failed: set[str] = frozenset()) -> str:
+        """The session's engine among the live ones not in `failed` (when none is live: a managed one, which
+        is then restarted); RuntimeError when only external engines that are down are left."""
+        live = [key for key in self.alive() if key not in failed]
+        candidates = live or [key for key, slot in self.slots.items() if not slot.external]
+        if not candidates:
+            down = "; ".join(f"{s.process.url}: {s.process.problem}" for s in self.slots.values() if s.external)
+            raise RuntimeError(f"no engine of {self.base_model} can sample now (external engines down: {down})")
+        return self.router.pick(sampler_id, candidates)
+
     def managed(self) -> list[EngineSlot]:
         """The slots of engines tx starts itself (not external ones)."""
         return [slot for slot in self.slots.values() if not slot.external]

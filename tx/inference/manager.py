@@ -96,7 +96,7 @@ class EngineManager:
         failed: set[str] = set()  # external engines that failed this request
         restarted = False
         while True:
-            slot_key = self._pick(group, key.sampler_id, failed)  # one engine per session
+            slot_key = group.pick(key.sampler_id, failed)  # one engine per session
             slot = group.slots[slot_key]
             process = slot.process
             try:
@@ -119,16 +119,6 @@ class EngineManager:
                 if 400 <= exc.status < 500:
                     raise UserError(exc.detail) from exc
                 raise
-
-    def _pick(self, group: EngineGroup, sampler_id: str, failed: set[str]) -> str:
-        """The session's engine among the live ones (a dead managed one is restarted when none is live);
-        RuntimeError when only external engines that are down are left."""
-        live = [key for key in group.alive() if key not in failed]
-        candidates = live or [key for key, slot in group.slots.items() if not slot.external]
-        if not candidates:
-            down = "; ".join(f"{s.process.url}: {s.process.problem}" for s in group.slots.values() if s.external)
-            raise RuntimeError(f"no engine of {group.base_model} can sample now (external engines down: {down})")
-        return group.router.pick(sampler_id, candidates)
 
     # -- weights ----------------------------------------------------------------------------
     def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,

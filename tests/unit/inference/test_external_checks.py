@@ -84,3 +84,19 @@ def test_engine_urls_need_a_secret_and_a_scheme(monkeypatch: pytest.MonkeyPatch)
         Settings(engine_urls=["10.0.0.2:8001"], engine_secret="s" * 16)
     with pytest.raises(ValueError, match="nothing to sample from"):
         Settings(engine_count=0)
+
+
+def test_routing_skips_down_external_engines_and_names_them_when_none_is_left() -> None:
+    from tx.inference.external import ExternalEngine
+    from tx.inference.groups import EngineSettings, build_groups
+
+    externals = [ExternalEngine(f"http://10.0.0.{i}:8001", "base", "sha256:a") for i in (2, 3)]
+    (group,) = build_groups({"base": Path("/m")}, EngineSettings(count=1, count_with_external=0), externals).values()
+    assert sorted(group.slots) == ["x0", "x1"] and all(s.external for s in group.slots.values())
+    home = group.pick("session-1")
+    group.slots[home].process.up = False
+    group.slots[home].process.problem = "connection refused"
+    other = group.pick("session-1")
+    assert other != home  # the session moves to the engine that is up
+    with pytest.raises(RuntimeError, match="no engine of base can sample now .*10.0.0.* connection refused"):
+        group.pick("session-1", {other})

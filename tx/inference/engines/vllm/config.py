@@ -50,7 +50,8 @@ class VllmEngineConfig(EngineProcessConfig):
     )
     vllm_url: str | None = Field(
         default=None, description="serve over a vLLM someone else started at this URL (on this machine: adapters "
-        "go to it as files), instead of starting one; it must run the flags `tx engine serve --print-vllm-command` prints"
+        "go to it as files), instead of starting one; it must run with the flags that "
+        "`tx engine serve --print-vllm-command` prints"
     )
     startup_timeout_s: float = Field(default=600.0, gt=0, description="how long vLLM may take to be healthy")
     rpc_timeout_s: float = Field(default=300.0, gt=0, description="bound on one worker call (weight update)")
