@@ -172,6 +172,11 @@ def engines(server: TxServer) -> dict[str, dict]:
     return {e["url"]: e for e in group["engines"]}
 
 
+def server_model(server: TxServer) -> str:
+    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
+    return answer.json()["groups"][0]["base_model"]
+
+
 def served_requests(server: TxServer) -> dict[str, int]:
     return {url: (e.get("health") or {}).get("stats", {}).get("num_requests", 0) for url, e in engines(server).items()}
 
@@ -212,17 +217,12 @@ def test_engines_are_listed_as_external_and_up(server: TxServer, fleet: list[Use
 
 def test_sampler_logprobs_match_trainer_on_every_engine(server: TxServer, client: tinker.ServiceClient,
                                                        fleet: list[UserEngine]) -> None:
-    tc = client.create_lora_training_client(str(server_model(server)), rank=8, seed=1).result()
+    tc = client.create_lora_training_client(server_model(server), rank=8, seed=1).result()
     for _ in range(2):
         tc.forward_backward([sft_datum([40, 41, 42, 43, 44, 45, 46])], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     path = tc.save_weights_for_sampler("trained").result().path
     until_each_engine_served(server, client, tc, path, [e.url for e in fleet])
-
-
-def server_model(server: TxServer) -> str:
-    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
-    return answer.json()["groups"][0]["base_model"]
 
 
 def test_rl_toy_task_learns_on_external_engines(server: TxServer, client: tinker.ServiceClient) -> None:
@@ -233,7 +233,6 @@ def test_killed_engine_loses_no_request_and_rejoins(server: TxServer, client: ti
                                                     fleet: list[UserEngine]) -> None:
     tc = client.create_lora_training_client(server_model(server), rank=8, seed=2).result()
     path = tc.save_weights_for_sampler("before-kill").result().path
-    victim = fleet[0]
     results: list[int] = []
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -248,10 +247,14 @@ def test_killed_engine_loses_no_request_and_rejoins(server: TxServer, client: ti
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
+    before = served_requests(server)
     threads = [threading.Thread(target=sample_in_a_loop, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     time.sleep(3)
+    served = served_requests(server)
+    embedded = [e for e in fleet if e.kind == "embedded"]
+    victim = max(embedded, key=lambda e: served[e.url] - before[e.url])  # the one serving more of the 8 now
     victim.kill()
     time.sleep(3)
     stop.set()

@@ -10,8 +10,9 @@ Design / who owns what:
   an old contract (no or another `contract_version`), a model tx does not serve, no usable weight transport,
   room for fewer weight versions than tx keeps per engine, or a wrong cluster secret (a guarded call that
   changes nothing answers 401). All problems come in one `ExternalEngineError`, so a user fixes them in one go.
-- While serving (`ExternalEngines`): an engine that stops answering is marked down (requests go to the other
-  engines of its group) and probed every `probe_interval_s` with the same checks. Once it passes, it rejoins
+- While serving (`ExternalEngines`): an engine that stops answering (a request, or the `/health` asked of every
+  engine that is up every `probe_interval_s`) is marked down (requests go to the other engines of its group) and
+  probed every `probe_interval_s` with the same checks. Once it passes, it rejoins
   as a new engine: no transfer group, no weight versions (the versions it still holds are unloaded before its
   first use, so it never samples weights tx did not push to it); each version is pushed again before it
   samples it. The same cleanup runs on first use after tx starts (versions a previous tx left there).
@@ -156,7 +157,30 @@ class ExternalEngines:
         self.probe_interval_s = probe_interval_s
         self.control_timeout_s = control_timeout_s
         self._probes: dict[str, asyncio.Task] = {}
+        self._watch: asyncio.Task | None = None
         self._http: httpx.AsyncClient | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop, slots: list[EngineSlot]) -> None:
+        """Ask every engine that is up for `/health` every `probe_interval_s`, and mark down one that does not
+        answer: a dead engine leaves routing (and publishes) even when no request meets it."""
+        if slots and self._watch is None:
+            self._watch = loop.create_task(self._watch_up(slots))
+
+    async def _watch_up(self, slots: list[EngineSlot]) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            up = [slot for slot in slots if slot.process.up]
+            answers = await asyncio.gather(*(self._http_client().get(slot.process.url + ROUTE_HEALTH,
+                                                                      timeout=CHECK_TIMEOUT_S) for slot in up),
+                                           return_exceptions=True)
+            for slot, answer in zip(up, answers):
+                if isinstance(answer, httpx.HTTPError):
+                    self.mark_down(slot, f"GET {ROUTE_HEALTH} failed: {type(answer).__name__}: {answer}")
+
+    def _http_client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient()
+        return self._http
 
     async def ensure_joined(self, slot: EngineSlot) -> None:
         """Ready to use, or EngineUnavailable if it is down. Call with the slot's lock held."""
@@ -189,11 +213,9 @@ class ExternalEngines:
             task.add_done_callback(lambda _: self._probes.pop(slot.name, None))
 
     async def _probe_until_fit(self, slot: EngineSlot, handle: ExternalHandle) -> None:
-        if self._http is None:
-            self._http = httpx.AsyncClient()
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            _, problem = await probe(self._http, handle.url, self.client.secret, {"": handle.fingerprint},
+            _, problem = await probe(self._http_client(), handle.url, self.client.secret, {"": handle.fingerprint},
                                      self.max_adapters)
             if problem is None:
                 break
@@ -205,7 +227,7 @@ class ExternalEngines:
         logger.info("external engine %s (%s) is fit again and rejoins", slot.name, handle.url)
 
     async def close(self) -> None:
-        for task in list(self._probes.values()):
+        for task in [*self._probes.values(), *([self._watch] if self._watch else [])]:
             task.cancel()
         if self._http is not None:
             await self._http.aclose()

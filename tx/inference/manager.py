@@ -64,6 +64,8 @@ class EngineManager:
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        external = [slot for group in self.groups.values() for slot in group.slots.values() if slot.external]
+        self.supervisor.external.watch(loop, external)
 
     def model_dir(self, base_model: str) -> Path:
         return self.groups[base_model].model_dir
