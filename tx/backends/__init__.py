@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,4 +36,12 @@ def create_backend(
         from tx.backends.torch.backend import TorchBackend
 
         return TorchBackend(models, device=device, image_limits=image_limits, settings=trainer)
-    raise ValueError(f"unknown training backend {name!r}: choose 'torch' (jax is not available yet)")
+    if name == "jax":
+        missing = [module for module in ("jax", "optax") if importlib.util.find_spec(module) is None]
+        if missing:
+            raise ValueError(f"--backend jax needs the [jax] extra ({', '.join(missing)} not installed): "
+                             "pip install 'tx[jax]'")
+        from tx.backends.jax.backend import JaxBackend
+
+        return JaxBackend(models, device=device)
+    raise ValueError(f"unknown training backend {name!r}: choose 'torch' or 'jax'")
