@@ -73,16 +73,18 @@ class Run:
 
 class JaxBackend(TrainingBackend):
     def __init__(self, models: dict[str, Path], *, device: str = "auto",
-                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS) -> None:
+                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS, num_devices: int | None = None) -> None:
         """`models` maps each served name to a local HF model directory. Every model is checked now, so
-        one this backend cannot train (a vision-language model, say) stops the server at startup."""
+        one this backend cannot train (a vision-language model, say) stops the server at startup.
+        `micro_batch_tokens` bounds the padded tokens of one compiled pass; `num_devices` limits the mesh to
+        the first N local devices (all by default)."""
         if device not in ("auto", "cpu"):
             raise ValueError(f"--backend jax trains on JAX's devices: use --device auto or cpu, not {device!r} "
                              "(choose accelerators with JAX_PLATFORMS)")
         self._paths = {name: Path(path) for name, path in models.items()}
         self._specs = {name: read_spec(path) for name, path in self._paths.items()}
         self._infos = {name: read_model_info(name, path) for name, path in self._paths.items()}
-        self.mesh: Mesh = mesh_mod.local_mesh("cpu" if device == "cpu" else None)
+        self.mesh: Mesh = mesh_mod.local_mesh("cpu" if device == "cpu" else None, num_devices)
         self.micro_batch_tokens = micro_batch_tokens
         self._hosts: dict[str, Host] = {}
         self._runs: dict[str, Run] = {}

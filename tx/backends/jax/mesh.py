@@ -15,9 +15,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 AXIS = "data"
 
 
-def local_mesh(platform: str | None = None) -> Mesh:
-    """A one-axis mesh over this process's devices (of `platform`, or JAX's default one)."""
-    return Mesh(np.array(jax.local_devices(backend=platform)), (AXIS,))
+def local_mesh(platform: str | None = None, num_devices: int | None = None) -> Mesh:
+    """A one-axis mesh over this process's devices (of `platform`, or JAX's default one; the first
+    `num_devices` of them when given)."""
+    devices = jax.local_devices(backend=platform)
+    return Mesh(np.array(devices[:num_devices]), (AXIS,))
 
 
 def rows(mesh: Mesh) -> NamedSharding:

@@ -24,7 +24,7 @@ def new_state(lora) -> optax.OptState:
 
 @jax.jit
 def _apply(lora, grads, state, hyperparams, clip):
-    norm = optax.global_norm(grads)
+    norm = optax.tree.norm(grads)
     factor = jnp.where(clip > 0, jnp.minimum(1.0, clip / (norm + 1e-6)), 1.0)
     grads = jax.tree.map(lambda g: g * factor, grads)
     state = state._replace(hyperparams={**state.hyperparams, **hyperparams})
@@ -45,11 +45,13 @@ def adam_step(lora, grads, state, adam: AdamParams):
 
 def moments(state) -> tuple[object, object, int]:
     """(first moments, second moments, step count) of an AdamW state."""
-    adam = optax.tree_utils.tree_get(state, "ScaleByAdamState")
+    adam = state.inner_state[0]
     return adam.mu, adam.nu, int(adam.count)
 
 
 def with_moments(state, mu, nu, count: int):
-    """`state` with its AdamW moments and step count replaced."""
+    """`state` with its AdamW moments and step count replaced (adamw = scale_by_adam, then decay and lr)."""
+    adam, *rest = state.inner_state
+    assert isinstance(adam, optax.ScaleByAdamState), type(adam)
     count = jnp.asarray(count, jnp.int32)
-    return optax.tree_utils.tree_set(state, mu=mu, nu=nu, count=count)
+    return state._replace(count=count, inner_state=(adam._replace(count=count, mu=mu, nu=nu), *rest))
