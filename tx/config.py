@@ -48,7 +48,9 @@ class Settings(BaseSettings):
         description="Accepted API keys (each must start with 'tml-'). Empty = any 'tml-' key, "
         "allowed only when bound to loopback.",
     )
-    backend: str = Field("torch", description="Training backend.")
+    backend: Literal["torch", "jax"] = Field(
+        "torch", description="Training backend: torch, or jax (the [jax] extra; text models only)."
+    )
     device: str = Field("auto", description="Training device: auto, cpu, cuda, cuda:N.")
     trainer_workers: int = Field(
         1, ge=1, le=1024,

@@ -29,6 +29,16 @@ def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServe
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def jax_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """A `tx serve --backend jax` (the [jax] extra), for the tests parametrised with it."""
+    pytest.importorskip("jax")
+    args = ["--backend", "jax", "--seq-gap-timeout-s", "3", "--no-engine-colocate"]
+    srv = TxServer(tmp_path_factory.mktemp("tx-jax"), args=args).start()
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
 def service_client(server: TxServer) -> Iterator[tinker.ServiceClient]:
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)

@@ -17,6 +17,7 @@ from rl_toy import assert_reward_rose, run_rl_toy
 from txserver import API_KEY, TxServer
 
 BASE = "tiny-qwen3"
+BOTH_BACKENDS = pytest.mark.parametrize("client", ["torch", "jax"], indirect=True)
 VOCAB = 2000  # regular tokens of the tiny tokenizer; specials come after
 
 
@@ -39,8 +40,10 @@ def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServ
 
 
 @pytest.fixture(scope="module")
-def client(sampling_server: TxServer) -> Iterator[tinker.ServiceClient]:
-    c = tinker.ServiceClient(base_url=sampling_server.url, api_key=API_KEY)
+def client(request: pytest.FixtureRequest) -> Iterator[tinker.ServiceClient]:
+    """A client of this module's torch server, or of the jax server for tests marked BOTH_BACKENDS."""
+    server = request.getfixturevalue("jax_server" if getattr(request, "param", "torch") == "jax" else "sampling_server")
+    c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     yield c
     c.close("success")
 
@@ -91,6 +94,7 @@ def test_sampler_logprobs_match_trainer_before_and_after_training(client: tinker
     check()
 
 
+@BOTH_BACKENDS
 def test_rl_toy_task_reward_rises(client: tinker.ServiceClient) -> None:
     """Reward = share of sampled tokens in a fixed 5% of the vocabulary: only a working weight sync learns it."""
     assert_reward_rose(run_rl_toy(client, BASE))

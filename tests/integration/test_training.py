@@ -13,10 +13,15 @@ from txserver import API_KEY
 BASE = "tiny-qwen3"
 
 
+TRAINER_SERVERS = {"in-process": "server", "2-workers": "workers_server", "jax": "jax_server"}
+AND_JAX = pytest.mark.parametrize("trainer_client", ["in-process", "2-workers", "jax"], indirect=True)
+
+
 @pytest.fixture(params=["in-process", "2-workers"])
 def trainer_client(request: pytest.FixtureRequest):
-    """A ServiceClient on the in-process trainer, then on one whose trainer runs on 2 workers."""
-    server = request.getfixturevalue("server" if request.param == "in-process" else "workers_server")
+    """A ServiceClient on the in-process trainer, then on one whose trainer runs on 2 workers (and on the jax
+    backend for tests marked AND_JAX)."""
+    server = request.getfixturevalue(TRAINER_SERVERS[request.param])
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     yield client
     client.close("success")
@@ -46,6 +51,7 @@ def step(tc: tinker.TrainingClient, data: list[types.Datum], lr: float = 5e-3) -
     return loss
 
 
+@AND_JAX
 def test_sft_memorises_sequences(trainer_client: tinker.ServiceClient) -> None:
     tc = trainer_client.create_lora_training_client(BASE, rank=8, seed=0).result()
     data = [datum(s) for s in sequences()]
@@ -114,6 +120,7 @@ def test_pipelined_submissions_keep_their_order(service_client: tinker.ServiceCl
     np.testing.assert_allclose(piped_losses, serial_losses, rtol=1e-5)
 
 
+@AND_JAX
 def test_save_then_load_with_optimizer_reproduces_next_step(trainer_client: tinker.ServiceClient) -> None:
     data = [datum(s) for s in sequences(2, seed=6)]
     tc = trainer_client.create_lora_training_client(BASE, rank=8, seed=0).result()
@@ -135,6 +142,7 @@ def test_save_then_load_with_optimizer_reproduces_next_step(trainer_client: tink
     assert fresh_adam != pytest.approx(expected, rel=1e-5)
 
 
+@AND_JAX
 def test_chunked_forward_backward_accumulates(trainer_client: tinker.ServiceClient) -> None:
     """Two forward_backward calls then one optim_step equal one call with all the data."""
     data = [datum(s) for s in sequences(4, seed=8)]

@@ -30,9 +30,10 @@ LLAMA = "tiny-llama3"
 
 @pytest.fixture(scope="module")
 def model_dirs(tiny_model_dir, tmp_path_factory):
-    """The tiny Qwen3 of conftest plus a tiny Llama 3 (llama3 rope scaling, tied embeddings)."""
+    """The tiny Qwen3 of conftest plus a tiny Llama 3 (llama3 rope scaling, tied embeddings) of the same
+    LoRA shapes, so both share one compiled AdamW step."""
     config = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=32, max_position_embeddings=256, initializer_range=0.1,
         tie_word_embeddings=True, rope_theta=500000.0,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -159,17 +160,17 @@ def test_sampler_weights_load_as_a_peft_adapter(pair, tmp_path, model_dirs):
 
 
 def test_random_lengths_compile_once_per_bucket(pair):
-    """100 steps of 4 datums of random lengths (2-60 tokens: buckets 16, 32, 64) compile at most 3 passes."""
+    """100 steps of 4 datums of random lengths (2-30 tokens: buckets 16 and 32) compile at most 2 passes."""
     jax_backend = pair[1]
-    jax_backend.create_model("buckets", TINY_NAME, LoraConfig(rank=3, seed=0))  # a rank no other test compiles
+    jax_backend.create_model("buckets", TINY_NAME, LORA)
     before = step.forward_backward._cache_size()
     rng = np.random.default_rng(0)
     for _ in range(100):
         data = [sft_data(seed=int(rng.integers(1 << 30)), count=1, length=int(n))[0]
-                for n in rng.integers(3, 62, size=4)]
+                for n in rng.integers(3, 32, size=4)]
         jax_backend.forward_backward("buckets", ce(data))
         jax_backend.optim_step("buckets", AdamParams(learning_rate=1e-3))
-    assert step.forward_backward._cache_size() - before <= 3
+    assert step.forward_backward._cache_size() - before <= 2
     jax_backend.delete_model("buckets")
 
 
