@@ -76,4 +76,3 @@ class TxServer:
 
     def client_env(self) -> dict[str, str]:
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0"}
-

@@ -76,7 +76,7 @@ def validate(data: list[Datum], loss: LossFn, info: BaseModelInfo) -> list[tuple
         except UserError as exc:
             raise UserError(f"datum {index}: {exc} (the jax backend trains text models)") from None
         check_tokens(tokens, info, index)
-        arrays = loss.validate_datum(datum.loss_fn_inputs, len(tokens), index)
+        arrays = loss.validate_datum(datum.loss_fn_inputs, len(tokens), index, datum.loss_fn_input_spans)
         _check_targets(arrays[TARGET_KEY], info, index)
         checked.append((tokens, arrays))
     return checked
