@@ -68,7 +68,8 @@ def main() -> None:
         median = statistics.median(times[name][args.warmup:])
         report[name] = {"step_s_median": round(median, 4), "tokens_per_s": round(step_tokens / median),
                         "first_step_s": round(times[name][0], 3)}
-    report["jax_over_torch_tokens_per_s"] = round(report["jax"]["tokens_per_s"] / report["torch"]["tokens_per_s"], 3)
+    ratio = report["jax"]["tokens_per_s"] / report["torch"]["tokens_per_s"]
+    report["jax_over_torch_tokens_per_s"] = round(ratio, 3)
     report["jax_target_step_s"] = 0.1
     print(json.dumps(report, indent=2))
 

@@ -42,7 +42,8 @@ def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServ
 @pytest.fixture(scope="module")
 def client(request: pytest.FixtureRequest) -> Iterator[tinker.ServiceClient]:
     """A client of this module's torch server, or of the jax server for tests marked BOTH_BACKENDS."""
-    server = request.getfixturevalue("jax_server" if getattr(request, "param", "torch") == "jax" else "sampling_server")
+    backend = getattr(request, "param", "torch")
+    server = request.getfixturevalue("jax_server" if backend == "jax" else "sampling_server")
     c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     yield c
     c.close("success")

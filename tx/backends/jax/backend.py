@@ -73,14 +73,15 @@ class Run:
 
 class JaxBackend(TrainingBackend):
     def __init__(self, models: dict[str, Path], *, device: str = "auto",
-                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS, num_devices: int | None = None) -> None:
+                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+                 num_devices: int | None = None) -> None:
         """`models` maps each served name to a local HF model directory. Every model is checked now, so
         one this backend cannot train (a vision-language model, say) stops the server at startup.
         `micro_batch_tokens` bounds the padded tokens of one compiled pass; `num_devices` limits the mesh to
         the first N local devices (all by default)."""
         if device not in ("auto", "cpu"):
-            raise ValueError(f"--backend jax trains on JAX's devices: use --device auto or cpu, not {device!r} "
-                             "(choose accelerators with JAX_PLATFORMS)")
+            raise ValueError(f"--backend jax trains on JAX's devices: use --device auto or cpu, not "
+                             f"{device!r} (choose accelerators with JAX_PLATFORMS)")
         self._paths = {name: Path(path) for name, path in models.items()}
         self._specs = {name: read_spec(path) for name, path in self._paths.items()}
         self._infos = {name: read_model_info(name, path) for name, path in self._paths.items()}
@@ -88,13 +89,15 @@ class JaxBackend(TrainingBackend):
         self.micro_batch_tokens = micro_batch_tokens
         self._hosts: dict[str, Host] = {}
         self._runs: dict[str, Run] = {}
-        logger.info("jax backend on %d %s device(s)", self.mesh.devices.size, self.mesh.devices.flat[0].platform)
+        platform = self.mesh.devices.flat[0].platform
+        logger.info("jax backend on %d %s device(s)", self.mesh.devices.size, platform)
 
     # ---- base models ----
 
     def base_model_info(self, base_model: str) -> BaseModelInfo:
         if base_model not in self._infos:
-            raise NotFoundError(f"base model {base_model!r} is not served here (served: {sorted(self._paths)})")
+            served = sorted(self._paths)
+            raise NotFoundError(f"base model {base_model!r} is not served here (served: {served})")
         return self._infos[base_model]
 
     def served_models(self) -> list[BaseModelInfo]:
@@ -104,7 +107,8 @@ class JaxBackend(TrainingBackend):
         if base_model not in self._hosts:
             spec = self._specs[base_model]
             weights = load_weights(self._paths[base_model], spec)
-            self._hosts[base_model] = Host(spec, self._infos[base_model], mesh_mod.place_base(self.mesh, weights))
+            base = mesh_mod.place_base(self.mesh, weights)
+            self._hosts[base_model] = Host(spec, self._infos[base_model], base)
         return self._hosts[base_model]
 
     # ---- runs ----
@@ -116,7 +120,8 @@ class JaxBackend(TrainingBackend):
         self.base_model_info(base_model)
         host = self._host(base_model)
         adapter = self._replicate(lora_mod.init_adapter(host.spec, lora))
-        self._runs[model_id] = Run(model_id, base_model, lora, adapter, _zeros(adapter), optim.new_state(adapter))
+        opt_state = optim.new_state(adapter)
+        self._runs[model_id] = Run(model_id, base_model, lora, adapter, _zeros(adapter), opt_state)
         logger.info("created %s on %s (rank %d)", model_id, base_model, lora.rank)
 
     def has_model(self, model_id: str) -> bool:
@@ -140,11 +145,13 @@ class JaxBackend(TrainingBackend):
         start = time.perf_counter()
         run = self._run(model_id)
         loss_fn = get_loss(batch.loss_fn)
-        config = {key: np.float32(value) for key, value in loss_fn.resolve_config(batch.loss_fn_config).items()}
+        resolved = loss_fn.resolve_config(batch.loss_fn_config)
+        config = {key: np.float32(value) for key, value in resolved.items()}
         host = self._host(run.base_model)
         checked = shapes.validate(batch.data, loss_fn, host.info)
         lengths = [len(tokens) for tokens, _ in checked]
-        plan = shapes.plan(lengths, self.micro_batch_tokens, host.info.max_context_length, self.mesh.devices.size)
+        plan = shapes.plan(lengths, self.micro_batch_tokens, host.info.max_context_length,
+                           self.mesh.devices.size)
         outputs: dict[int, np.ndarray] = {}
         total = 0.0
         for indices, length, rows in plan:
@@ -168,7 +175,8 @@ class JaxBackend(TrainingBackend):
         )
 
     def _place(self, micro: shapes.MicroBatch) -> dict[str, Any]:
-        arrays = {"input_ids": micro.input_ids, "targets": micro.targets, "mask": micro.mask, "inputs": micro.inputs}
+        arrays = {"input_ids": micro.input_ids, "targets": micro.targets, "mask": micro.mask,
+                  "inputs": micro.inputs}
         return jax.device_put(arrays, mesh_mod.rows(self.mesh))
 
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
@@ -192,7 +200,8 @@ class JaxBackend(TrainingBackend):
         run = self._run(model_id)
         weights = dict(self.iter_trainable_weights(model_id))
         mu, nu, count = optim.moments(run.opt_state)
-        optimizer_state = state.torch_optimizer_state(weights, lora_mod.to_peft(mu), lora_mod.to_peft(nu), count)
+        mu, nu = lora_mod.to_peft(mu), lora_mod.to_peft(nu)
+        optimizer_state = state.torch_optimizer_state(weights, mu, nu, count)
         checkpoint.write_state(directory, run.base_model, run.lora, weights, optimizer_state)
 
     def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
@@ -221,8 +230,9 @@ class JaxBackend(TrainingBackend):
         checkpoint.write_sampler_weights(directory, run.base_model, peft_config_for(run.lora), weights)
 
     def iter_trainable_weights(self, model_id: str) -> Iterator[tuple[str, Any]]:
-        """The run's LoRA tensors as CPU torch tensors (zero-copy views of the JAX buffers on a CPU), named as
-        in its PEFT adapter file. JAX arrays are immutable: a later step makes new ones, never changes these."""
+        """The run's LoRA tensors as CPU torch tensors (zero-copy views of the JAX buffers on a CPU), named
+        as in its PEFT adapter file. JAX arrays are immutable: a later step makes new ones, never changes
+        these."""
         for name, array in lora_mod.to_peft(self._run(model_id).adapter).items():
             yield name, state.to_torch(array)
 

@@ -15,7 +15,9 @@ import optax
 
 from tx.types import AdamParams
 
-_ADAMW = optax.inject_hyperparams(optax.adamw)(learning_rate=0.0, b1=0.9, b2=0.95, eps=1e-12, weight_decay=0.0)
+_ADAMW = optax.inject_hyperparams(optax.adamw)(
+    learning_rate=0.0, b1=0.9, b2=0.95, eps=1e-12, weight_decay=0.0
+)
 
 
 def new_state(lora) -> optax.OptState:

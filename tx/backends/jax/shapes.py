@@ -52,7 +52,9 @@ def _row_bucket(rows: int, devices: int) -> int:
     return -(-bucket // devices) * devices
 
 
-def plan(lengths: list[int], token_budget: int, max_length: int, devices: int = 1) -> list[tuple[list[int], int, int]]:
+def plan(
+    lengths: list[int], token_budget: int, max_length: int, devices: int = 1
+) -> list[tuple[list[int], int, int]]:
     """(datum indices, padded length, padded rows) of each micro-batch, longest datums first."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches, start = [], 0
@@ -65,8 +67,12 @@ def plan(lengths: list[int], token_budget: int, max_length: int, devices: int = 
     return batches
 
 
-def validate(data: list[Datum], loss: LossFn, info: BaseModelInfo) -> list[tuple[list[int], dict[str, np.ndarray]]]:
-    """Each datum's tokens and loss arrays, checked as the torch backend checks them; UserError names the datum."""
+Checked = list[tuple[list[int], dict[str, np.ndarray]]]  # each datum's tokens and loss arrays
+
+
+def validate(data: list[Datum], loss: LossFn, info: BaseModelInfo) -> Checked:
+    """Each datum's tokens and loss arrays, checked as the torch backend checks them; UserError names
+    the datum."""
     if not data:
         raise UserError("forward_backward needs at least one datum")
     checked = []
@@ -76,14 +82,14 @@ def validate(data: list[Datum], loss: LossFn, info: BaseModelInfo) -> list[tuple
         except UserError as exc:
             raise UserError(f"datum {index}: {exc} (the jax backend trains text models)") from None
         check_tokens(tokens, info, index)
-        arrays = loss.validate_datum(datum.loss_fn_inputs, len(tokens), index, datum.loss_fn_input_spans)
+        spans = datum.loss_fn_input_spans
+        arrays = loss.validate_datum(datum.loss_fn_inputs, len(tokens), index, spans)
         _check_targets(arrays[TARGET_KEY], info, index)
         checked.append((tokens, arrays))
     return checked
 
 
-def pack(checked: list[tuple[list[int], dict[str, np.ndarray]]], indices: list[int], length: int,
-         rows: int) -> MicroBatch:
+def pack(checked: Checked, indices: list[int], length: int, rows: int) -> MicroBatch:
     """Datums `indices` of `checked`, right-padded to (rows, length, K) with zeros (masked out)."""
     width = max(_width(checked[i][1][TARGET_KEY].shape) for i in indices)
     input_ids = np.zeros((rows, length), np.int32)
@@ -102,7 +108,7 @@ def pack(checked: list[tuple[list[int], dict[str, np.ndarray]]], indices: list[i
     return MicroBatch(indices, input_ids, targets, packed, mask)
 
 
-def unpack(values: np.ndarray, batch: MicroBatch, checked: list) -> dict[int, np.ndarray]:
+def unpack(values: np.ndarray, batch: MicroBatch, checked: Checked) -> dict[int, np.ndarray]:
     """Per-datum float32 arrays of a (R, T, K) result, each in its datum's target shape, by datum index."""
     out = {}
     for row, index in enumerate(batch.indices):

@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 
 def to_torch(array: jax.Array) -> torch.Tensor:
-    """A CPU torch tensor of a (replicated) JAX array: zero-copy through DLPack when the array is on the CPU."""
+    """A CPU torch tensor of a (replicated) JAX array: zero-copy through DLPack when it is on the CPU."""
     local = array.addressable_data(0)
     if local.devices().pop().platform == "cpu":
         return torch.from_dlpack(local)
@@ -56,7 +56,9 @@ def read(directory: Path, expected: dict[str, tuple[int, ...]], with_optimizer: 
     tensors = checkpoint.read_weights(directory, CPU)
     if set(tensors) != set(expected):
         missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
-        raise UserError(f"checkpoint {directory} does not fit the run: missing {missing[:3]}, extra {extra[:3]}")
+        raise UserError(
+            f"checkpoint {directory} does not fit the run: missing {missing[:3]}, extra {extra[:3]}"
+        )
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
             raise UserError(f"checkpoint {directory}: {name} has shape {tuple(tensors[name].shape)}, "

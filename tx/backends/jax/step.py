@@ -38,5 +38,6 @@ def forward(base, lora, batch: Batch, scale, config, *, spec: ModelSpec, loss_na
 @partial(jax.jit, static_argnames=("spec", "loss_name"))
 def forward_backward(base, lora, grads, batch: Batch, scale, config, *, spec: ModelSpec, loss_name: str):
     """(loss, logprobs, grads + the gradient of this micro-batch's loss with respect to `lora`)."""
-    (loss, logp), new = jax.value_and_grad(_loss, has_aux=True)(lora, base, batch, scale, config, spec, loss_name)
+    value_and_grad = jax.value_and_grad(_loss, has_aux=True)
+    (loss, logp), new = value_and_grad(lora, base, batch, scale, config, spec, loss_name)
     return loss, logp, jax.tree.map(jnp.add, grads, new)
