@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tx.backends.base import TrainingBackend
+from tx.backends.torch.settings import TrainerSettings
 
 if TYPE_CHECKING:
-    from tx.backends.torch.settings import TrainerSettings
     from tx.multimodal import ImageLimits
 
 
@@ -26,7 +26,8 @@ def create_backend(
 ) -> TrainingBackend:
     """Build the backend called `name`, importing its heavy library only now; with `workers` > 1 the trainer
     runs on that many worker processes (torch only), Ray actors placed by `ray_options(rank)` if given.
-    `trainer`: micro-batch budget, dtype and checkpointing of the torch trainer (device defaults when None)."""
+    `trainer`: micro-batch budget, dtype and checkpointing of the torch trainer (device defaults when None);
+    "jax" takes its budget only."""
     if name == "torch" and workers > 1:
         from tx.backends.torch.workers import create_workers_backend
 
@@ -37,11 +38,29 @@ def create_backend(
 
         return TorchBackend(models, device=device, image_limits=image_limits, settings=trainer)
     if name == "jax":
-        missing = [module for module in ("jax", "optax") if importlib.util.find_spec(module) is None]
-        if missing:
-            raise ValueError(f"--backend jax needs the [jax] extra ({', '.join(missing)} not installed): "
-                             "pip install 'tx[jax]'")
-        from tx.backends.jax.backend import JaxBackend
-
-        return JaxBackend(models, device=device)
+        return _jax_backend(models, device, workers, trainer)
     raise ValueError(f"unknown training backend {name!r}: choose 'torch' or 'jax'")
+
+
+def _jax_backend(
+    models: dict[str, Path], device: str, workers: int, trainer: TrainerSettings | None
+) -> TrainingBackend:
+    """The JAX trainer (the [jax] extra). It takes the micro-batch budget; the torch trainer's other settings
+    are refused rather than ignored."""
+    missing = [module for module in ("jax", "optax") if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ValueError(f"--backend jax needs the [jax] extra ({', '.join(missing)} not installed): "
+                         "pip install 'tx[jax]'")
+    trainer = trainer or TrainerSettings()
+    unsupported = {
+        "--trainer-workers > 1 (jax uses every local device in one process)": workers > 1,
+        "--train-dtype other than float32": trainer.dtype not in (None, "float32"),
+        "--gradient-checkpointing": bool(trainer.gradient_checkpointing),
+        "--train-max-sequence-tokens": trainer.max_sequence_tokens is not None,
+    }
+    refused = [flag for flag, given in unsupported.items() if given]
+    if refused:
+        raise ValueError(f"--backend jax does not support {', '.join(refused)}")
+    from tx.backends.jax.backend import JaxBackend
+
+    return JaxBackend(models, device=device, micro_batch_tokens=trainer.micro_batch_tokens)

@@ -228,3 +228,14 @@ def test_every_loss_formula_runs_on_both_array_libraries(name):
     (_, jax_terms), jax_grad = jax.value_and_grad(total, has_aux=True)(jnp.asarray(logp))
     np.testing.assert_allclose(np.asarray(jax_terms), torch_terms.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(jax_grad), torch_logp.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_torch_only_settings_are_refused_not_ignored(tiny_model_dir):
+    from tx.backends.torch.settings import TrainerSettings
+
+    with pytest.raises(ValueError, match="--train-dtype other than float32"):
+        create_backend("jax", {TINY_NAME: tiny_model_dir}, trainer=TrainerSettings(dtype="bfloat16"))
+    with pytest.raises(ValueError, match="--trainer-workers"):
+        create_backend("jax", {TINY_NAME: tiny_model_dir}, workers=2)
+    backend = create_backend("jax", {TINY_NAME: tiny_model_dir}, trainer=TrainerSettings(micro_batch_tokens=64))
+    assert backend.micro_batch_tokens == 64

@@ -31,6 +31,7 @@ from tx.backends.torch import checkpoint
 from tx.backends.torch.backend import _check_compatible  # one rule for both backends
 from tx.backends.torch.lora import peft_config_for
 from tx.backends.torch.model import read_model_info
+from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.types import (
     AdamParams,
     BaseModelInfo,
@@ -43,8 +44,6 @@ from tx.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MICRO_BATCH_TOKENS = 16384
 
 
 @dataclass
@@ -73,12 +72,13 @@ class Run:
 
 class JaxBackend(TrainingBackend):
     def __init__(self, models: dict[str, Path], *, device: str = "auto",
-                 micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+                 micro_batch_tokens: int | None = None,
                  num_devices: int | None = None) -> None:
         """`models` maps each served name to a local HF model directory. Every model is checked now, so
         one this backend cannot train (a vision-language model, say) stops the server at startup.
-        `micro_batch_tokens` bounds the padded tokens of one compiled pass; `num_devices` limits the mesh to
-        the first N local devices (all by default)."""
+        `micro_batch_tokens` bounds the padded tokens of one compiled pass (--train-micro-batch-tokens; the
+        torch trainer's CPU default when None); `num_devices` limits the mesh to the first N local devices
+        (all by default)."""
         if device not in ("auto", "cpu"):
             raise ValueError(f"--backend jax trains on JAX's devices: use --device auto or cpu, not "
                              f"{device!r} (choose accelerators with JAX_PLATFORMS)")
@@ -86,7 +86,7 @@ class JaxBackend(TrainingBackend):
         self._specs = {name: read_spec(path) for name, path in self._paths.items()}
         self._infos = {name: read_model_info(name, path) for name, path in self._paths.items()}
         self.mesh: Mesh = mesh_mod.local_mesh("cpu" if device == "cpu" else None, num_devices)
-        self.micro_batch_tokens = micro_batch_tokens
+        self.micro_batch_tokens = micro_batch_tokens or CPU_MICRO_BATCH_TOKENS
         self._hosts: dict[str, Host] = {}
         self._runs: dict[str, Run] = {}
         platform = self.mesh.devices.flat[0].platform
