@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -178,6 +178,21 @@ class ForwardBackwardInput:
     loss_fn: str
     loss_fn_config: dict[str, float | str] = field(default_factory=dict)
     forward_only: bool = False
+    custom_loss: CustomLoss | None = None  # the stored loss that loss_fn "custom" names, looked up at submission
+
+
+@dataclass(frozen=True)
+class CustomLoss:
+    """A loss uploaded with create_custom_loss: a torch.fx trace as plain data, and its inputs.
+
+    `inputs` are (name, rank) pairs, logprobs first, then the loss_fn_inputs keys it reads; `nodes`
+    are the graph's nodes as sent (`CustomLossNode` dicts). Only a backend turns them into code."""
+
+    loss_id: str
+    session_id: str
+    name: str
+    inputs: tuple[tuple[str, int], ...]
+    nodes: tuple[dict[str, Any], ...]
 
 
 @dataclass

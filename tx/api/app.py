@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from tx.api.auth import KeyChecker
 from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
-from tx.api.routes import checkpoints, client, downloads, futures, runs, sampling, sessions, training
+from tx.api.routes import checkpoints, client, custom_losses, downloads, futures, runs, sampling, sessions, training
 from tx.backends import create_backend
 from tx.backends.base import TrainingBackend
 from tx.backends.torch.settings import TrainerSettings
@@ -199,7 +199,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.key_checker = KeyChecker(settings.api_keys)
     app.state.settings = settings
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
-    for module in (client, sessions, training, futures, checkpoints, runs, sampling, downloads):
+    for module in (client, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads):
         app.include_router(module.router, prefix="/api/v1")
     install_error_handlers(app, on_invalid=training.reject_seq_of_invalid_body)
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,

@@ -27,10 +27,12 @@ from typing import Any
 from tx.types import (
     AdamParams,
     BaseModelInfo,
+    CustomLoss,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
     OptimStepResult,
+    UserError,
 )
 
 
@@ -66,6 +68,16 @@ class TrainingBackend(ABC):
     @abstractmethod
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         """Run the loss on every datum; accumulate gradients unless `batch.forward_only`."""
+
+    def runs_custom_losses(self) -> bool:
+        """Whether `check_custom_loss` accepts graphs (client/config's custom_loss_server_side)."""
+        return False
+
+    def check_custom_loss(self, loss: CustomLoss) -> None:
+        """Check an uploaded loss graph against the backend's allowlist; UserError names what is refused.
+
+        A backend that runs custom losses (`batch.custom_loss` in forward_backward) overrides both."""
+        raise UserError("this server's trainer does not run custom losses; they run client-side")
 
     @abstractmethod
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:

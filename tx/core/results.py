@@ -35,3 +35,8 @@ class SamplerSaved:
 class WeightsLoaded:
     path: str
     model_id: str
+
+
+@dataclass(frozen=True)
+class CustomLossCreated:
+    loss_id: str

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from tx.backends.base import TrainingBackend
 from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_name, validate_ttl
+from tx.core.custom_losses import CustomLosses
 from tx.core.futures import Future, FutureRegistry
 from tx.core.encryption import encrypt_tree, parse_recipients
 from tx.core.results import CheckpointSaved, ExternalSaved, ModelCreated, SamplerSaved, WeightsLoaded
@@ -67,6 +68,7 @@ class TrainingService:
         self._before_training = before_training
         self._engines = engines
         self._versions_kept = versions_kept
+        self.custom_losses = CustomLosses(futures, backend)
 
     # -- sessions ---------------------------------------------------------------------------
     def create_session(
@@ -95,6 +97,13 @@ class TrainingService:
         if row.finished_at is not None:
             raise UserError(f"session {session_id!r} is finished; start a new ServiceClient")
         return row
+
+    def create_custom_loss(
+        self, owner: str, session_id: str, seq_id: int, name: str,
+        inputs: list[tuple[str, int]], nodes: list[dict[str, Any]],
+    ) -> Future:
+        self._live_session(session_id, owner)
+        return self.custom_losses.create(owner, session_id, seq_id, name, inputs, nodes)
 
     # -- models -----------------------------------------------------------------------------
     def create_model(
@@ -186,6 +195,8 @@ class TrainingService:
     def forward_backward(
         self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput
     ) -> Future:
+        if batch.loss_fn == "custom":
+            batch = self.custom_losses.attach(self.store.get_run(model_id, owner).session_id, batch)
         kind = "Forward" if batch.forward_only else "ForwardBackward"
         before = None if batch.forward_only else self._before_training
         return self._sequenced(
@@ -372,6 +383,7 @@ class TrainingService:
     # -- session end ------------------------------------------------------------------------
     def finish_session(self, owner: str, session_id: str, reason: str) -> None:
         self.store.finish_session(session_id, owner, reason)
+        self.custom_losses.forget_session(session_id)
         for model_id in self.store.runs_of_session(session_id):
             if self.scheduler.has_model(model_id):
                 self._unload(owner, model_id)

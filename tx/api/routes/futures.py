@@ -14,6 +14,7 @@ from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.codec import PROTOBUF_CONTENT_TYPE, encode_forward_backward_output, encode_sample_response
 from tx.api.wire.schemas import (
     CancelFutureRequest,
+    CreateCustomLossResponse,
     CreateModelResponse,
     FutureCompletion,
     FuturesRetrieveRequest,
@@ -27,7 +28,14 @@ from tx.api.wire.schemas import (
     SaveWeightsResponse,
     TryAgainResponse,
 )
-from tx.core.results import CheckpointSaved, ExternalSaved, ModelCreated, SamplerSaved, WeightsLoaded
+from tx.core.results import (
+    CheckpointSaved,
+    CustomLossCreated,
+    ExternalSaved,
+    ModelCreated,
+    SamplerSaved,
+    WeightsLoaded,
+)
 from tx.types import ForwardBackwardResult, OptimStepResult, SampleResult
 
 router = APIRouter(tags=["futures"], responses=COMMON_ERRORS | error_responses(404, 409))
@@ -110,3 +118,8 @@ def _(result: ExternalSaved) -> Response:
 @encode_result.register
 def _(result: WeightsLoaded) -> Response:
     return _json(LoadWeightsResponse(path=result.path, model_id=result.model_id))
+
+
+@encode_result.register
+def _(result: CustomLossCreated) -> Response:
+    return _json(CreateCustomLossResponse(loss_id=result.loss_id))

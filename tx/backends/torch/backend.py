@@ -23,6 +23,13 @@ from tx.backends.base import TrainingBackend
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.batch import build_micro_batch, prepare_data
+from tx.backends.torch.custom_loss import (
+    TARGETS_ONLY,
+    CompiledLoss,
+    compile_loss,
+    reduce_metrics,
+    run_on_data,
+)
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.memory import OUT_OF_MEMORY, TrainerOutOfMemory, out_of_memory_message, release
 from tx.backends.torch.model import load_causal_lm, read_model_info
@@ -30,13 +37,15 @@ from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.plan import plan_micro_batches
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS, TrainerSettings
-from tx.backends.torch.step import run_micro_batch
+from tx.backends.torch.step import CustomStep, run_micro_batch
 from tx.multimodal import ImageLimits, vision_processor
 from tx.devices import resolve_device
 from tx.types import (
     AdamParams,
     BaseModelInfo,
     ConflictError,
+    CustomLoss,
+    Datum,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
@@ -134,8 +143,9 @@ class TorchBackend(TrainingBackend):
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         start = time.perf_counter()
         run = self._run(model_id)
-        loss_fn = get_loss(batch.loss_fn)
-        config = loss_fn.resolve_config(batch.loss_fn_config)
+        custom = compile_loss(batch.custom_loss) if batch.custom_loss is not None else None
+        loss_fn = TARGETS_ONLY if custom is not None else get_loss(batch.loss_fn)
+        config = loss_fn.resolve_config({} if custom is not None else batch.loss_fn_config)
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
         items = prepare_data(
             batch.data, loss_fn, info, vision, self._image_limits, self.settings.max_sequence_tokens
@@ -144,12 +154,14 @@ class TorchBackend(TrainingBackend):
         groups = plan_micro_batches([item.num_tokens for item in items], budget)
         saved = None if batch.forward_only else _grads(run)
         try:
-            outputs, loss = [], 0.0
+            outputs, loss, sums = [], 0.0, {}
             for group in groups:
                 micro = build_micro_batch([items[i] for i in group], self.device, vision)
-                result = run_micro_batch(host, run.adapter, micro, loss_fn, config, batch.forward_only)
+                step = None if custom is None else _custom_step(custom, [batch.data[i] for i in group], self.device)
+                result = run_micro_batch(host, run.adapter, micro, loss_fn, config, batch.forward_only, step)
                 outputs += [{"logprobs": lp} for lp in result.logprobs]
                 loss += result.loss
+                sums = {key: sums.get(key, 0.0) + value for key, value in result.metrics.items()}
                 del micro, result
         except OUT_OF_MEMORY as exc:
             message = out_of_memory_message(exc, self.device, budget)
@@ -157,13 +169,20 @@ class TorchBackend(TrainingBackend):
             elapsed = time.perf_counter() - start
             logger.debug("forward_backward %s: %d datums, %d micro-batches in %.3fs",
                          model_id, len(outputs), len(groups), elapsed)
-            return ForwardBackwardResult(loss_fn_outputs=outputs, metrics={"loss:sum": loss})
+            metrics = {"loss:sum": loss, **reduce_metrics(sums, len(outputs))}
+            return ForwardBackwardResult(loss_fn_outputs=outputs, metrics=metrics)
         # outside the except block, so nothing refers to the failed step's frames any more
         if saved is not None:
             _restore_grads(run, saved)
         release(self.device)
         logger.error("forward_backward %s: %s", model_id, message)
         raise TrainerOutOfMemory(message)
+
+    def runs_custom_losses(self) -> bool:
+        return True
+
+    def check_custom_loss(self, loss: CustomLoss) -> None:
+        compile_loss(loss)
 
     def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
         adam.validate()
@@ -213,6 +232,11 @@ class TorchBackend(TrainingBackend):
         """The run's live LoRA tensors (detached, not copied), named as in its PEFT adapter file."""
         for name, param in self._run(model_id).params.items():
             yield name, param.detach()
+
+
+def _custom_step(loss: CompiledLoss, data: list[Datum], device: torch.device) -> CustomStep:
+    inputs = [datum.loss_fn_inputs for datum in data]
+    return lambda logprobs: run_on_data(loss, logprobs, inputs, device)
 
 
 def _grads(run: Run) -> dict[str, torch.Tensor | None]:

@@ -63,6 +63,13 @@ class MicroBatch:
         rows = flat.new_zeros((self.mask.shape[0] * self.mask.shape[1], flat.shape[1]))
         return rows.index_copy(0, self.scatter, flat).view(self.mask.shape)
 
+    def split_tensors(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """Per-datum views of a (D, T, K) tensor (gradients flow through), each in its datum's target shape."""
+        return [
+            row[: shape[0], : _width(shape)] if len(shape) == 2 else row[: shape[0], 0]
+            for row, shape in zip(values, self.target_shapes, strict=True)
+        ]
+
     def split(self, values: torch.Tensor) -> list[np.ndarray]:
         """Per-datum float32 arrays of a (D, T, K) tensor, each in its datum's target shape."""
         array = values.detach().to("cpu", torch.float32).numpy()

@@ -7,8 +7,8 @@ Gradients accumulate in the adapter's parameters (`.grad`), so the caller decide
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,6 +24,11 @@ from tx.backends.torch.ops import TORCH_OPS
 class MicroResult:
     logprobs: list[np.ndarray]  # per datum, float32, in its target shape
     loss: float  # the micro-batch's summed loss
+    metrics: dict[str, float] = field(default_factory=dict)  # a custom loss's metric sums
+
+
+# A custom loss on a micro-batch: its datums' logprobs (each in its target shape) -> (loss, metric sums)
+CustomStep = Callable[[list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
 def run_micro_batch(
@@ -33,8 +38,11 @@ def run_micro_batch(
     loss_fn: LossFn,
     config: Mapping[str, float],
     forward_only: bool,
+    custom: CustomStep | None = None,
 ) -> MicroResult:
-    """Forward `micro` through `adapter` on `host`; unless `forward_only`, backward into its LoRA grads."""
+    """Forward `micro` through `adapter` on `host`; unless `forward_only`, backward into its LoRA grads.
+
+    With `custom` (an uploaded loss), it replaces `loss_fn` and runs on each datum's logprobs."""
     host.activate(adapter)
     with torch.no_grad() if forward_only else torch.enable_grad():
         hidden = host.hidden_states(
@@ -46,8 +54,12 @@ def run_micro_batch(
         hidden = hidden.flatten(0, 1).index_select(0, micro.index)  # real positions only, in datum order
         logp = target_logprobs(hidden, host.unembedding, micro.targets, chunk_positions(host.vocab_size))
         logp = micro.to_rows(logp)  # (D, T, K): one datum per row, as the losses expect
-        terms = loss_fn.compute(TORCH_OPS, logp, micro.inputs, config)
-        loss = torch.where(micro.mask, terms, 0.0).sum()
+        metrics: dict[str, float] = {}
+        if custom is not None:
+            loss, metrics = custom(micro.split_tensors(logp))
+        else:
+            terms = loss_fn.compute(TORCH_OPS, logp, micro.inputs, config)
+            loss = torch.where(micro.mask, terms, 0.0).sum()
     if not forward_only:
         loss.backward()
-    return MicroResult(micro.split(logp), float(loss.detach()))
+    return MicroResult(micro.split(logp), float(loss.detach()), metrics)

@@ -1,0 +1,66 @@
+"""Custom losses uploaded with create_custom_loss, kept per session, named by forward_backward.
+
+A loss is checked by the backend at upload (its allowlist; a 400 names what is refused), stored
+here under `loss_id = {session_id}:loss:{custom_loss_seq_id}`, and looked up when a forward_backward
+says `loss_fn="custom", loss_fn_config={"loss_id": ...}`: only clients of the session that
+uploaded it may use it. Losses live in memory: after a restart a loss_id is unknown (400) and the
+SDK's client must create it again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from tx.backends.base import TrainingBackend
+from tx.core.futures import Future, FutureRegistry
+from tx.core.results import CustomLossCreated
+from tx.types import CustomLoss, ForwardBackwardInput, UserError
+
+MAX_LOSSES_PER_SESSION = 256
+
+
+class CustomLosses:
+    def __init__(self, futures: FutureRegistry, backend: TrainingBackend) -> None:
+        self._futures = futures
+        self._backend = backend
+        self._losses: dict[str, CustomLoss] = {}
+        self._lock = threading.Lock()
+
+    def create(
+        self, owner: str, session_id: str, seq_id: int, name: str,
+        inputs: list[tuple[str, int]], nodes: list[dict[str, Any]],
+    ) -> Future:
+        """Check and store a loss; the future resolves at once with its loss_id (a resend gets the same)."""
+        loss_id = f"{session_id}:loss:{seq_id}"
+        loss = CustomLoss(loss_id, session_id, name, tuple(inputs), tuple(nodes))
+        self._backend.check_custom_loss(loss)
+        with self._lock:
+            held = sum(stored.session_id == session_id for stored in self._losses.values())
+            if loss_id not in self._losses and held >= MAX_LOSSES_PER_SESSION:
+                raise UserError(f"session {session_id!r} has {MAX_LOSSES_PER_SESSION} custom losses already")
+            self._losses.setdefault(loss_id, loss)
+        future, created = self._futures.create(owner, "CreateCustomLoss", ("custom_loss", loss_id))
+        if created:
+            self._futures.resolve(future, CustomLossCreated(loss_id))
+        return future
+
+    def attach(self, session_id: str, batch: ForwardBackwardInput) -> ForwardBackwardInput:
+        """`batch` with its stored loss, if it names one (loss_fn "custom"); a UserError otherwise."""
+        if batch.loss_fn != "custom":
+            return batch
+        loss_id = batch.loss_fn_config.get("loss_id")
+        if set(batch.loss_fn_config) != {"loss_id"} or not isinstance(loss_id, str):
+            raise UserError('loss_fn "custom" takes loss_fn_config {"loss_id": <the id create_custom_loss gave>}')
+        with self._lock:
+            loss = self._losses.get(loss_id)
+        if loss is None or loss.session_id != session_id:
+            raise UserError(f"unknown loss_id {loss_id!r} for this session: create the loss with "
+                            "ServiceClient.create_custom_loss in the session that trains with it")
+        return replace(batch, custom_loss=loss)
+
+    def forget_session(self, session_id: str) -> None:
+        with self._lock:
+            for loss_id in [k for k, v in self._losses.items() if v.session_id == session_id]:
+                del self._losses[loss_id]
