@@ -201,6 +201,7 @@ def create_app(settings: Settings) -> FastAPI:
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
     for module in (client, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads):
         app.include_router(module.router, prefix="/api/v1")
+    app.include_router(oai.router, prefix="/oai/api/v1")
     install_error_handlers(app, on_invalid=training.reject_seq_of_invalid_body)
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
                        max_request_bytes=settings.max_request_bytes)
@@ -228,3 +229,4 @@ def _redact(url: str) -> str:
         scheme, rest = url.split("://", 1)
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return url
+

@@ -1,6 +1,7 @@
 """API keys -> principals.
 
-The SDK sends `X-API-Key: tml-...` on every request. With keys configured, only those keys are
+The SDK sends `X-API-Key: tml-...` on every request; OpenAI clients (the /oai routes) send the same
+key as `Authorization: Bearer tml-...`. With keys configured, only those keys are
 accepted. With none configured (allowed only on loopback, see `tx.config`), any key with the
 `tml-` prefix is accepted and acts as its own tenant. Resources belong to the key that made them:
 the owner is a hash of the key, so raw keys are never stored.
@@ -25,11 +26,16 @@ class KeyChecker:
         self._keys = [k.encode() for k in api_keys]
 
     def __call__(self, request: Request) -> Principal:
-        key = request.headers.get("x-api-key", "")
+        key = request.headers.get("x-api-key", "") or _bearer(request.headers.get("authorization", ""))
         if not key:
-            raise HTTPException(401, "missing X-API-Key header")
+            raise HTTPException(401, "missing X-API-Key header (or Authorization: Bearer <key>)")
         if not key.startswith("tml-"):
             raise HTTPException(401, "invalid API key: keys start with 'tml-'")
         if self._keys and not any(hmac.compare_digest(key.encode(), k) for k in self._keys):
             raise HTTPException(401, "invalid API key")
         return Principal(owner=hashlib.sha256(key.encode()).hexdigest()[:32])
+
+
+def _bearer(header: str) -> str:
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""

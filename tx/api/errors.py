@@ -58,9 +58,9 @@ def install_error_handlers(app: FastAPI, on_invalid: InvalidHook | None = None) 
     """`on_invalid(request, body)` runs before a 422 is answered (e.g. to release a sequenced seq_id)."""
 
     def handler(status: int):
-        async def handle(_: Request, exc: Exception) -> JSONResponse:
+        async def handle(request: Request, exc: Exception) -> JSONResponse:
             headers = {"Retry-After": "1"} if status == 429 else None
-            return JSONResponse({"detail": safe_text(str(exc))}, status_code=status, headers=headers)
+            return JSONResponse(_body(request, safe_text(str(exc)), status), status_code=status, headers=headers)
 
         return handle
 
@@ -77,7 +77,7 @@ def install_error_handlers(app: FastAPI, on_invalid: InvalidHook | None = None) 
              "msg": safe_text(e.get("msg", "")), "type": e.get("type", "")}
             for e in exc.errors()
         ]
-        return JSONResponse({"detail": errors}, status_code=422)
+        return JSONResponse(_body(request, errors, 422), status_code=422)
 
     app.add_exception_handler(RequestValidationError, invalid)
 
@@ -85,3 +85,11 @@ def install_error_handlers(app: FastAPI, on_invalid: InvalidHook | None = None) 
 def safe_text(message: str) -> str:
     """A message safe to encode: user text it quotes may hold a lone surrogate."""
     return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _body(request: Request, detail: str | list[dict[str, Any]], status: int) -> dict[str, Any]:
+    """{"detail": ...}; under /oai/ (the OpenAI-compatible routes) also OpenAI's {"error": {message, type, code}}."""
+    if not request.url.path.startswith("/oai/"):
+        return {"detail": detail}
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"detail": detail, "error": {"message": str(detail), "type": kind, "code": status}}

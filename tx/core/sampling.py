@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,9 +11,9 @@ from pathlib import Path
 from tx.core.completions import CLONE_BLOCK
 from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
-from tx.multimodal import ImageInputs, expand_input
+from tx.multimodal import ExpandedInput, ImageInputs, expand_input
 from tx.store.store import Store
-from tx.types import ErrorCategory, OverloadedError, SampleKey, SampleRequest
+from tx.types import ErrorCategory, OverloadedError, SampleKey, SampleRequest, SampleResult
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class SamplingService:
         self.max_queue = max_queue
         self.images = images or ImageInputs()  # default: no asset pointers, default caps
         self._tasks: dict[str, asyncio.Task] = {}
+        self._direct_calls = itertools.count()
 
     def describe(self, owner: str, sampler_id: str) -> SamplerView:
         row = self.store.get_sampling_session(sampler_id, owner)
@@ -69,6 +71,18 @@ class SamplingService:
         task = self._tasks.get(future.request_id)
         if task is not None:
             task.cancel()
+
+    async def generate(self, base_model: str, weights_dir: Path | None, label: str,
+                       request: SampleRequest) -> SampleResult:
+        """A sample answered directly, without a future (the OpenAI-compatible routes): the same engines,
+        router and queue limit as asample, on the newest weights saved under `weights_dir` (named `label`)."""
+        if self.manager.in_flight >= self.max_queue:
+            raise OverloadedError(f"{self.manager.in_flight} samples are queued; retry shortly")
+        sampler_id = "oai" if weights_dir is None else f"oai:{weights_dir}"
+        if weights_dir is not None:  # one pin per path, moved to its newest version at every call
+            await asyncio.to_thread(self.manager.pin, sampler_id, weights_dir, label)
+        return await self.manager.sample(base_model, weights_dir, SampleKey(sampler_id, next(self._direct_calls)),
+                                         request)
 
     async def _run(self, future: Future, base_model: str, weights_dir: Path | None, call: SampleKey,
                    request: SampleRequest) -> None:

@@ -370,6 +370,15 @@ class TrainingService:
         )
         return size
 
+    def sampling_target(self, owner: str, model: str) -> tuple[str, Path | None]:
+        """(base model, weights dir or None) for a model named by a served base model or a tinker path
+        the caller may sample (its own, or published)."""
+        if model.startswith("tinker://"):
+            path, run = self._readable_checkpoint(owner, model, kinds=("sampler_weights", "weights"))
+            return run.base_model, self.files.require(path)
+        self._base_model(model)
+        return model, None
+
     def _readable_checkpoint(
         self, owner: str, path: str, kinds: tuple[str, ...]
     ) -> tuple[TinkerPath, TrainingRunRow]:

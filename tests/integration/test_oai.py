@@ -1,0 +1,107 @@
+"""OpenAI-compatible inference (/oai/api/v1) with the official `openai` client, on a trained sampler path:
+the answers are the same engines' samples the tinker SDK gets (greedy, so they must match exactly)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+import tinker
+from tinker import types
+from transformers import AutoTokenizer
+from txserver import API_KEY, TxServer
+
+BASE = "tiny-qwen3"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def trained(server: TxServer) -> Iterator[tuple[str, tinker.SamplingClient, object]]:
+    """A sampler checkpoint after a few SFT steps, its SDK sampling client and the model's tokenizer."""
+    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    tc = service.create_lora_training_client(BASE, rank=8, seed=0).result()
+    tokenizer = tc.get_tokenizer()
+    tokens = tokenizer.encode(PROMPT + " Paris, and the capital of Italy is Rome.")
+    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    for _ in range(5):
+        tc.forward_backward([datum], "cross_entropy").result()
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    path = tc.save_weights_for_sampler("oai").result().path
+    yield path, service.create_sampling_client(model_path=path).result(), tokenizer
+    service.close("success")
+
+
+@pytest.fixture(scope="module")
+def client(server: TxServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.url}/oai/api/v1", api_key=API_KEY, max_retries=0) as c:
+        yield c
+
+
+def greedy(sampler: tinker.SamplingClient, tokens: list[int], max_tokens: int) -> list[int]:
+    params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return list(sampler.sample(types.ModelInput.from_ints(tokens), 1, params).result().sequences[0].tokens)
+
+
+def test_models_lists_the_base_model(client: openai.OpenAI) -> None:
+    assert BASE in [m.id for m in client.models.list()]
+
+
+def test_completions_on_a_sampler_path(client: openai.OpenAI, trained) -> None:
+    path, sampler, tokenizer = trained
+    out = client.completions.create(model=path, prompt=PROMPT, max_tokens=8, temperature=0.0, logprobs=0)
+    want = greedy(sampler, tokenizer.encode(PROMPT), 8)
+    (choice,) = out.choices
+    assert choice.text == tokenizer.decode(want, skip_special_tokens=True)
+    assert out.usage.prompt_tokens == len(tokenizer.encode(PROMPT)) and out.usage.completion_tokens == len(want)
+    assert choice.finish_reason in ("stop", "length") and len(choice.logprobs.token_logprobs) == len(want)
+    base = client.completions.create(model=BASE, prompt=PROMPT, max_tokens=8, temperature=0.0)
+    assert base.choices[0].text != choice.text  # the trained weights answered, not the base model
+
+    stream = client.completions.create(model=path, prompt=PROMPT, max_tokens=8, temperature=0.0, stream=True)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+
+
+def test_chat_uses_the_models_chat_template(client: openai.OpenAI, trained) -> None:
+    path, sampler, tokenizer = trained
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
+    out = client.chat.completions.create(model=path, messages=messages, max_tokens=6, temperature=0.0)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = greedy(sampler, tokenizer.encode(rendered, add_special_tokens=False), 6)
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == tokenizer.decode(want, skip_special_tokens=True)
+
+    stream = client.chat.completions.create(model=path, messages=messages, max_tokens=6, temperature=0.0,
+                                            stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream)
+    assert text == out.choices[0].message.content
+
+
+def test_stop_strings_n_and_seed(client: openai.OpenAI, trained) -> None:
+    path, _, _ = trained
+    out = client.completions.create(model=path, prompt=PROMPT, max_tokens=12, n=3, seed=7, temperature=1.0)
+    again = client.completions.create(model=path, prompt=PROMPT, max_tokens=12, n=3, seed=7, temperature=1.0)
+    assert len(out.choices) == 3 and [c.text for c in out.choices] == [c.text for c in again.choices]
+    first = out.choices[0].text
+    if len(first) > 2:
+        stop = first[1:3]
+        cut = client.completions.create(model=path, prompt=PROMPT, max_tokens=12, n=3, seed=7, stop=[stop])
+        assert cut.choices[0].text == first[: first.find(stop)]
+
+
+def test_bad_requests_are_4xx(client: openai.OpenAI, server: TxServer) -> None:
+    with pytest.raises(openai.BadRequestError, match="not served"):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    with pytest.raises((openai.BadRequestError, openai.NotFoundError)):
+        client.completions.create(model="tinker://nope:train:0/sampler_weights/x", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        client.completions.create(model=BASE, prompt="x", max_tokens=2, echo=True)
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.completions.create(model=BASE, prompt="x", max_tokens=0)
+    bad_key = openai.OpenAI(base_url=f"{server.url}/oai/api/v1", api_key="not-a-tinker-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad_key.models.list()
+    bad_key.close()

@@ -1,0 +1,102 @@
+"""Text in, text out: the OpenAI-compatible routes' use case, on the same sampling path as asample.
+
+The model is a served base model or a `tinker://` path to sampler (or training) weights the caller may
+read. Prompts are tokenized, and chat messages rendered with the model's own chat template, by the
+base model's tokenizer (loaded once, in the API process); the sample itself goes through
+`SamplingService.generate` (the same engines, router, weight versions and queue limit as asample).
+Text comes back cut before the first stop string, with no special tokens, split per token for
+streaming.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tx.core.sampling import SamplingService
+from tx.core.service import TrainingService
+from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, UserError
+
+
+@dataclass(frozen=True)
+class TextChoice:
+    text: str
+    pieces: list[str]  # `text` split by token (empty strings where a token adds no text), for streaming
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+
+
+@dataclass(frozen=True)
+class TextResult:
+    prompt_tokens: int
+    completion_tokens: int
+    choices: list[TextChoice]
+
+
+class TextSampling:
+    def __init__(self, service: TrainingService, sampling: SamplingService, model_dirs: dict[str, Path]) -> None:
+        self._service = service
+        self._sampling = sampling
+        self._model_dirs = model_dirs
+        self._tokenizers: dict[str, Any] = {}
+
+    def base_models(self) -> list[str]:
+        return sorted(self._model_dirs)
+
+    async def complete(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
+                       n: int) -> TextResult:
+        base_model, weights_dir = await asyncio.to_thread(self._service.sampling_target, owner, model)
+        tokenizer = await self._tokenizer(base_model)
+        tokens = prompt if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=False)
+        if any(not 0 <= token < len(tokenizer) for token in tokens):
+            raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
+        return await self._generate(tokenizer, base_model, weights_dir, tokens, params, n)
+
+    async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
+                   n: int) -> TextResult:
+        base_model, weights_dir = await asyncio.to_thread(self._service.sampling_target, owner, model)
+        tokenizer = await self._tokenizer(base_model)
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # a template that raises on these messages (e.g. roles out of order)
+            raise UserError(f"the chat template of {base_model!r} refused these messages: {exc}") from None
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        return await self._generate(tokenizer, base_model, weights_dir, tokens, params, n)
+
+    async def _generate(self, tokenizer: Any, base_model: str, weights_dir: Path | None, tokens: list[int],
+                        params: SamplingParams, n: int) -> TextResult:
+        if not tokens:
+            raise UserError("the prompt is empty")
+        request = SampleRequest(prompt=ModelInput.from_tokens(tokens), num_samples=n, params=params)
+        result = await self._sampling.generate(base_model, weights_dir, f"oai:{uuid.uuid4().hex}", request)
+        choices = [_choice(tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, params.stop_strings)
+                   for seq in result.sequences]
+        completion_tokens = sum(len(seq.tokens) for seq in result.sequences)
+        return TextResult(prompt_tokens=len(tokens), completion_tokens=completion_tokens, choices=choices)
+
+    async def _tokenizer(self, base_model: str) -> Any:
+        if base_model not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            directory = str(self._model_dirs[base_model])
+            self._tokenizers[base_model] = await asyncio.to_thread(AutoTokenizer.from_pretrained, directory)
+        return self._tokenizers[base_model]
+
+
+def _choice(tokenizer: Any, tokens: list[int], logprobs: list[float], stop_reason: StopReason,
+            stop_strings: tuple[str, ...]) -> TextChoice:
+    full = tokenizer.decode(tokens, skip_special_tokens=True)
+    cuts = [i for i in (full.find(stop) for stop in stop_strings) if i >= 0]
+    text = full[: min(cuts)] if cuts else full
+    pieces, done = [], 0
+    for end in range(1, len(tokens) + 1):
+        upto = min(len(tokenizer.decode(tokens[:end], skip_special_tokens=True)), len(text))
+        pieces.append(text[done:upto] if upto > done else "")
+        done = max(done, upto)
+    finish = "stop" if stop_reason == StopReason.STOP else "length"
+    return TextChoice(text=text, pieces=pieces, logprobs=list(logprobs), finish_reason=finish)
