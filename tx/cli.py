@@ -25,6 +25,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "(default: the built-in tiny model)",
     )
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
+    p.add_argument("--operator-key", action="append", dest="operator_keys",
+                   help="key for operator routes (/metrics) when API keys are set; repeatable")
     p.add_argument("--backend", choices=("torch", "jax"), help="training backend (default torch; jax: the [jax] extra)")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--trainer-workers", type=int,

@@ -1,15 +1,17 @@
 """OpenAI-compatible inference (/oai/api/v1) with the official `openai` client, on a trained sampler path:
-the answers are the same engines' samples the tinker SDK gets (greedy, so they must match exactly)."""
+the answers are the same engines' samples the tinker SDK gets (greedy, so they must match exactly).
+Last, /metrics counts this module's work (it shares the session's server)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 import tinker
+from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
-from transformers import AutoTokenizer
 from txserver import API_KEY, TxServer
 
 BASE = "tiny-qwen3"
@@ -105,3 +107,18 @@ def test_bad_requests_are_4xx(client: openai.OpenAI, server: TxServer) -> None:
     with pytest.raises(openai.AuthenticationError):
         bad_key.models.list()
     bad_key.close()
+
+
+def test_metrics_count_the_training_and_sampling(server: TxServer, client: openai.OpenAI, trained) -> None:
+    """After this module's SFT steps and samples: tokens trained and sampled, weights pushed, an engine up."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(text) for s in family.samples}
+    assert values[("tx_trained_tokens_total", ())] >= 5 * 10
+    assert values[("tx_sampled_tokens_total", ())] > 0
+    assert values[("tx_weight_push_bytes_total", ())] > 0 and values[("tx_weight_push_seconds_total", ())] > 0
+    assert values[("tx_engines_alive", (("base_model", BASE),))] >= 1
+    assert values[("tx_engine_group_state", (("base_model", BASE), ("state", "awake")))] == 1
+    route = (("method", "POST"), ("route", "/oai/api/v1/completions"), ("status", "200"))
+    assert values[("tx_http_requests_total", route)] >= 2
+    assert ("tx_futures_pending", ()) in values and ("tx_engine_restarts_total", ()) in values

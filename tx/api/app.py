@@ -12,10 +12,23 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from tx.api.auth import KeyChecker
+from tx.api.auth import KeyChecker, OperatorChecker
 from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
-from tx.api.routes import checkpoints, client, custom_losses, downloads, futures, runs, sampling, sessions, training
+from tx.api.metrics import Metrics, MetricsMiddleware
+from tx.api.routes import (
+    checkpoints,
+    client,
+    custom_losses,
+    downloads,
+    futures,
+    oai,
+    runs,
+    sampling,
+    sessions,
+    training,
+)
+from tx.api.routes import metrics as metrics_route
 from tx.backends import create_backend
 from tx.backends.base import TrainingBackend
 from tx.backends.torch.settings import TrainerSettings
@@ -184,6 +197,7 @@ def create_app(settings: Settings) -> FastAPI:
             logger.error("tx cannot start: %s", exc)  # one line per engine, each naming its URL
             raise
         app.state.ctx = ctx
+        metrics.watch(ctx, runtime.scheduler)
         runtime.scheduler.start()
         janitor = asyncio.create_task(_janitor(ctx))
         try:
@@ -197,14 +211,18 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="tx", lifespan=lifespan)
     app.state.key_checker = KeyChecker(settings.api_keys)
+    app.state.operator_checker = OperatorChecker(settings.api_keys, settings.operator_keys)
+    app.state.metrics = metrics = Metrics()
     app.state.settings = settings
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
     for module in (client, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads):
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(oai.router, prefix="/oai/api/v1")
+    app.include_router(metrics_route.router)
     install_error_handlers(app, on_invalid=training.reject_seq_of_invalid_body)
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
                        max_request_bytes=settings.max_request_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app
 
 

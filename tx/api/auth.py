@@ -36,6 +36,24 @@ class KeyChecker:
         return Principal(owner=hashlib.sha256(key.encode()).hexdigest()[:32])
 
 
+class OperatorChecker:
+    """Operator routes (/metrics): open when no API keys are set (loopback only, see `tx.config`);
+    otherwise only an operator key opens them (X-API-Key or Authorization: Bearer)."""
+
+    def __init__(self, api_keys: list[str], operator_keys: list[str]) -> None:
+        self._open = not api_keys
+        self._keys = [k.encode() for k in operator_keys]
+
+    def __call__(self, request: Request) -> None:
+        if self._open:
+            return
+        key = request.headers.get("x-api-key", "") or _bearer(request.headers.get("authorization", ""))
+        if not key:
+            raise HTTPException(401, "operator routes need an operator key (X-API-Key or Authorization: Bearer)")
+        if not any(hmac.compare_digest(key.encode(), k) for k in self._keys):
+            raise HTTPException(403, "this key is not an operator key (--operator-key / TX_OPERATOR_KEYS)")
+
+
 def _bearer(header: str) -> str:
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""

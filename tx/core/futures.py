@@ -163,6 +163,11 @@ class FutureRegistry:
                 if future is not None and future.owner == owner and future.done:
                     del self._futures[rid]
 
+    def pending(self) -> int:
+        """Futures not resolved yet."""
+        with self._lock:
+            return sum(not f.done for f in self._futures.values())
+
     def expire(self, now: float | None = None) -> int:
         """Forget finished futures older than the TTL; returns how many were dropped."""
         now = time.monotonic() if now is None else now

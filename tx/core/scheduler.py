@@ -124,6 +124,11 @@ class Scheduler:
             queue.move_past_rejected()
             self._cond.notify_all()
 
+    def queue_depths(self) -> dict[str, int]:
+        """Requests waiting (submitted, not yet run) per model."""
+        with self._cond:
+            return {model_id: len(queue.pending) for model_id, queue in self._queues.items()}
+
     def queue_depth(self, model_id: str) -> int:
         with self._cond:
             queue = self._queues.get(model_id)

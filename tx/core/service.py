@@ -28,6 +28,7 @@ from tx.types import (
     AdamParams,
     BaseModelInfo,
     ForwardBackwardInput,
+    ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
     UserError,
@@ -69,6 +70,7 @@ class TrainingService:
         self._engines = engines
         self._versions_kept = versions_kept
         self.custom_losses = CustomLosses(futures, backend)
+        self.trained_tokens = 0  # target tokens of every forward_backward (not forward-only) run
 
     # -- sessions ---------------------------------------------------------------------------
     def create_session(
@@ -199,9 +201,14 @@ class TrainingService:
             batch = self.custom_losses.attach(self.store.get_run(model_id, owner).session_id, batch)
         kind = "Forward" if batch.forward_only else "ForwardBackward"
         before = None if batch.forward_only else self._before_training
-        return self._sequenced(
-            owner, model_id, seq_id, kind, lambda: self.backend.forward_backward(model_id, batch), before
-        )
+
+        def run() -> ForwardBackwardResult:
+            result = self.backend.forward_backward(model_id, batch)
+            if not batch.forward_only:  # only the training thread writes it
+                self.trained_tokens += sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
+            return result
+
+        return self._sequenced(owner, model_id, seq_id, kind, run, before)
 
     def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
         adam.validate()

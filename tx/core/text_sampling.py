@@ -11,7 +11,6 @@ streaming.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,7 @@ class TextSampling:
         tokens = prompt if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=False)
         if any(not 0 <= token < len(tokenizer) for token in tokens):
             raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
-        return await self._generate(tokenizer, base_model, weights_dir, tokens, params, n)
+        return await self._generate(tokenizer, base_model, weights_dir, model, tokens, params, n)
 
     async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
                    n: int) -> TextResult:
@@ -66,14 +65,14 @@ class TextSampling:
         except Exception as exc:  # a template that raises on these messages (e.g. roles out of order)
             raise UserError(f"the chat template of {base_model!r} refused these messages: {exc}") from None
         tokens = tokenizer.encode(text, add_special_tokens=False)
-        return await self._generate(tokenizer, base_model, weights_dir, tokens, params, n)
+        return await self._generate(tokenizer, base_model, weights_dir, model, tokens, params, n)
 
-    async def _generate(self, tokenizer: Any, base_model: str, weights_dir: Path | None, tokens: list[int],
-                        params: SamplingParams, n: int) -> TextResult:
+    async def _generate(self, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str,
+                        tokens: list[int], params: SamplingParams, n: int) -> TextResult:
         if not tokens:
             raise UserError("the prompt is empty")
         request = SampleRequest(prompt=ModelInput.from_tokens(tokens), num_samples=n, params=params)
-        result = await self._sampling.generate(base_model, weights_dir, f"oai:{uuid.uuid4().hex}", request)
+        result = await self._sampling.generate(base_model, weights_dir, label, request)
         choices = [_choice(tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, params.stop_strings)
                    for seq in result.sequences]
         completion_tokens = sum(len(seq.tokens) for seq in result.sequences)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 import torch
@@ -54,6 +55,8 @@ class Publisher:
         self.settings = settings
         self.client = client
         self._trainer: TrainerFacts | None = None
+        self.pushed_bytes = 0  # weight bytes sent to engines, and the seconds the pushes took (for /metrics)
+        self.push_seconds = 0.0
 
     async def ensure_adapter(self, slot: EngineSlot, version: WeightVersion | None) -> str | None:
         """The adapter serving `version` on this engine, pushed there first if it is not loaded."""
@@ -76,10 +79,13 @@ class Publisher:
     async def push(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
         if slot.transport is None:
             slot.transport = await self._choose_transport(slot)
+        start = time.perf_counter()
         if slot.transport.kind == "ipc":
             await self._push_ipc(slot, name, named, spec)
         else:
             await self._push_broadcast(slot, slot.transport, name, named, spec)
+        self.push_seconds += time.perf_counter() - start
+        self.pushed_bytes += sum(tensor.numel() * tensor.element_size() for _, tensor in named)
 
     async def _choose_transport(self, slot: EngineSlot) -> TransportChoice:
         if self._trainer is None:

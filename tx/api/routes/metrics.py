@@ -1,0 +1,14 @@
+"""GET /metrics: Prometheus text format, behind an operator key when API keys are set."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+router = APIRouter(tags=["operators"])
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    request.app.state.operator_checker(request)
+    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
