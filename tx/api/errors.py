@@ -29,6 +29,7 @@ STATUS_OF: dict[type[Exception], int] = {
 _MEANING = {
     400: "bad input (a user error); not retried",
     401: "missing or invalid X-API-Key",
+    403: "the key may not use this route (operator routes need an operator key)",
     404: "no such resource, or not the caller's",
     409: "conflicts with the current state",
     410: "the session is finished",

@@ -5,7 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-router = APIRouter(tags=["operators"])
+from tx.api.errors import error_responses
+
+router = APIRouter(tags=["operators"], responses=error_responses(401, 403))
 
 
 @router.get("/metrics")
