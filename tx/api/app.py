@@ -42,6 +42,7 @@ from tx.core.sampling import SamplingService
 from tx.core.scheduler import Scheduler
 from tx.core.service import TrainingService
 from tx.core.sessions import SessionService
+from tx.core.text_sampling import TextSampling
 from tx.inference.external import ExternalEngine, ExternalEngineError, check_at_startup
 from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
@@ -65,6 +66,7 @@ class Context:
     manager: EngineManager
     catalog: CheckpointCatalog
     sessions: SessionService
+    text: TextSampling
 
 
 @dataclass
@@ -184,7 +186,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
     return (Context(settings, service, sampling, runs, futures_, manager,
-                    CheckpointCatalog(store, files, signer), SessionService(store, futures_, signer)),
+                    CheckpointCatalog(store, files, signer), SessionService(store, futures_, signer),
+                    TextSampling(service, sampling, models)),
             Runtime(store, backend, scheduler))
 
 
