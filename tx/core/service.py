@@ -185,6 +185,10 @@ class TrainingService:
     def served_models(self) -> list[BaseModelInfo]:
         return self.backend.served_models()
 
+    def runs_custom_losses(self) -> bool:
+        """Whether uploaded custom losses run here (client/config's custom_loss_server_side)."""
+        return self.backend.runs_custom_losses()
+
     def base_model_info(self, base_model: str) -> BaseModelInfo:
         """The served base model's facts; a UserError naming the served ones if it is not served."""
         try:
@@ -383,7 +387,7 @@ class TrainingService:
         if model.startswith("tinker://"):
             path, run = self._readable_checkpoint(owner, model, kinds=("sampler_weights", "weights"))
             return run.base_model, self.files.require(path)
-        self._base_model(model)
+        self.base_model_info(model)
         return model, None
 
     def _readable_checkpoint(

@@ -35,7 +35,7 @@ async def client_config(
     return ClientConfigResponse(
         proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd,
         sample_use_retrieve_futures=ctx.settings.sample_use_retrieve_futures,
-        custom_loss_server_side=ctx.backend.runs_custom_losses(),
+        custom_loss_server_side=ctx.service.runs_custom_losses(),
     )
 
 
