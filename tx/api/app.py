@@ -9,6 +9,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -117,7 +118,8 @@ def build_launcher(settings: Settings, num_engines: int, colocate: bool) -> Laun
     secret: the external engines' (`--engine-secret`) when given, so that one client talks to all; else new."""
     secret = _secret(settings) or secrets.token_urlsafe(32)
     work_dir = settings.data_dir / "engines"
-    tp, options = settings.engine_tensor_parallel_size, {"max_adapters": settings.engine_max_adapters}
+    tp = settings.engine_tensor_parallel_size
+    options: dict[str, Any] = {"max_adapters": settings.engine_max_adapters}
     if settings.engine == "vllm":
         options.update(dtype=settings.resolved_engine_dtype, gpu_memory_utilization=settings.engine_memory_share,
                        extra_args=["--tensor-parallel-size", str(tp)])

@@ -17,11 +17,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from tx.types import UserError
 
 KINDS = ("weights", "sampler_weights", "external_weights")
-CHECKPOINT_TYPE = {"weights": "training", "sampler_weights": "sampler", "external_weights": "external"}
+CHECKPOINT_TYPE: dict[str, Literal["training", "sampler", "external"]] = {
+    "weights": "training", "sampler_weights": "sampler", "external_weights": "external",
+}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,199}$")
 _LEFTOVER = re.compile(r"^\.(tmp|old)-(.+)-[0-9a-f]{8}$")
 MIN_TTL_S, MAX_TTL_S = 3600, 10 * 365 * 24 * 3600

@@ -224,8 +224,8 @@ class Store:
         """The caller's unexpired checkpoint; with `public_ok`, also anyone's published one."""
         with self._tx() as db:
             row = db.get(CheckpointRow, (run_id, checkpoint_id))
-            visible = row is not None and (row.owner == owner or (public_ok and bool(row.public)))
-            if not visible or (row.expires_at is not None and _aware(row.expires_at) <= utcnow()):
+            if (row is None or not (row.owner == owner or (public_ok and bool(row.public)))
+                    or (row.expires_at is not None and _aware(row.expires_at) <= utcnow())):
                 raise NotFoundError(f"checkpoint tinker://{run_id}/{checkpoint_id} not found")
             return row
 

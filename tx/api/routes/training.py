@@ -155,6 +155,7 @@ async def save_weights_external(body: SaveWeightsExternalRequest, ctx: Ctx, call
 @router.post("/load_weights")
 async def load_weights(body: LoadWeightsRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     if body.is_create_via_load:
+        assert body.session_id is not None and body.model_seq_id is not None  # LoadWeightsRequest checked it
         if body.optimizer_config is not None:
             check_optimizer_config(body.optimizer_config)
         future = await asyncio.to_thread(
@@ -162,6 +163,7 @@ async def load_weights(body: LoadWeightsRequest, ctx: Ctx, caller: Caller) -> Un
             body.path, body.optimizer,
         )
         return _answer(future, model_id_for(body.session_id, body.model_seq_id))
+    assert body.model_id is not None  # LoadWeightsRequest checked it: one of the two forms
     seq_id = _seq(body.seq_id)
     async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
         future = await asyncio.to_thread(

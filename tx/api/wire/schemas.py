@@ -90,8 +90,8 @@ class ClientConfigResponse(WireResponse):
 
     pjwt_auth_enabled: bool = False
     credential_default_source: str = "api_key"
-    use_pyqwest_transport: bool = Field(False, description="false: clients use plain httpx")
-    proto_compress_fwdbwd: bool = Field(False, description="clients zstd-compress fwd/bwd bodies")
+    use_pyqwest_transport: bool = Field(default=False, description="false: clients use plain httpx")
+    proto_compress_fwdbwd: bool = Field(default=False, description="clients zstd-compress fwd/bwd bodies")
     parallel_fwdbwd_chunks: bool = True
     fwdbwd_max_chunk_len: int = 1024
     fwdbwd_max_chunk_bytes_count: int = 5_000_000
