@@ -53,7 +53,6 @@ class Settings(BaseSettings):
         description="Keys for operator routes (/metrics) when API keys are set; sent as X-API-Key or "
         "Authorization: Bearer. With API keys set and no operator key, those routes are refused.",
     )
-    backend: str = Field("torch", description="Training backend.")
     backend: Literal["torch", "jax"] = Field(
         "torch", description="Training backend: torch, or jax (the [jax] extra; text models only)."
     )
