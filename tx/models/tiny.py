@@ -74,9 +74,30 @@ PRESETS: Mapping[str, TinyPreset] = MappingProxyType(
             intermediate_size=1536,
             vocab_size=8000,
         ),
+        # Qwen3's real vocabulary on two tiny layers: the trainer's memory at real vocabulary sizes
+        # (scripts/bench/train_memory.py).
+        "vocab-h64": TinyPreset(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            intermediate_size=192,
+            vocab_size=151_936,
+        ),
+        "vocab-h256": TinyPreset(
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            intermediate_size=768,
+            vocab_size=151_936,
+        ),
     }
 )
-"""The tiny model shapes by name: "tiny" for tests (~0.4M parameters), "bench" for benchmarks (~21M)."""
+"""The tiny model shapes by name: "tiny" for tests (~0.4M parameters), "bench" for benchmarks (~21M),
+"vocab-h64" / "vocab-h256" with Qwen3's vocabulary (~20M / ~78M, nearly all embedding and unembedding)."""
 
 
 def token_ids(directory: Path) -> dict[str, int]:

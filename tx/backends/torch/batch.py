@@ -70,6 +70,10 @@ class MicroBatch:
             for row, shape in zip(values, self.target_shapes, strict=True)
         ]
 
+    def flat(self, rows: torch.Tensor) -> torch.Tensor:
+        """A (D, T, K) per-datum tensor as (N, K) flat positions (the inverse of `to_rows` on the datums)."""
+        return rows.flatten(0, 1).index_select(0, self.scatter)
+
     def split(self, values: torch.Tensor) -> list[np.ndarray]:
         """Per-datum float32 arrays of a (D, T, K) tensor, each in its datum's target shape."""
         array = values.detach().to("cpu", torch.float32).numpy()

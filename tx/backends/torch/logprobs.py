@@ -1,21 +1,28 @@
 """Target log-probabilities from final hidden states, a chunk of positions at a time (never tokens x vocab).
 
 The unembedding (`lm_head`, with a run's LoRA on it when `train_unembed`) is applied to `chunk` positions
-at once: their logits are made in float32, reduced to log-sum-exp and the targets' logits, and dropped.
-In a pass that needs gradients each chunk runs under non-reentrant activation checkpointing, so backward
-recomputes that chunk's logits instead of keeping them. The extra memory is O(chunk x vocab): the
-chunk's logits, their exponentials and their gradient, about 3 x chunk x vocab x 4 bytes at the peak.
+at once: their logits are made in float32, log-softmaxed, the targets' entries gathered, and dropped.
+The extra memory is O(chunk x vocab): the chunk's logits, their log-softmax and its gradient, about
+3 x chunk x vocab x 4 bytes at the peak. Two ways to get gradients:
+
+- `per_token_backward` (losses that are a sum of per-token terms): each chunk's loss terms are made and
+  backpropagated to the hidden states at once, while its logits are alive, so the unembedding runs once
+  forward and once backward, as in the naive computation.
+- `target_logprobs` under autograd (any loss, e.g. gspo's per-sequence ratio): each chunk runs under
+  non-reentrant activation checkpointing and backward recomputes its logits (one more unembedding pass).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# Logits per chunk (positions x vocab). 16M float32 values = 64 MiB per buffer: ~110 positions at Qwen3's
-# vocabulary (151,936), all of them for a small vocabulary. Larger chunks were not faster on CPU
-# (scripts/bench/train_memory.py), smaller ones pay per-call overhead.
-CHUNK_LOGITS = 16 << 20
+# Logits per chunk (positions x vocab). 32M float32 values = 128 MiB per buffer: ~220 positions at Qwen3's
+# vocabulary (151,936), all of them for a small vocabulary. Three such buffers stay well under the 1 GiB
+# above model + optimizer the trainer allows itself on CPU; smaller chunks were slower on CPU.
+CHUNK_LOGITS = 32 << 20
 
 
 def chunk_positions(vocab_size: int, chunk_logits: int | None = None) -> int:
@@ -38,6 +45,33 @@ def target_logprobs(
     return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
 
+def per_token_backward(
+    hidden: torch.Tensor,
+    unembed: torch.nn.Module,
+    targets: torch.Tensor,
+    chunk: int,
+    chunk_loss: Callable[[torch.Tensor, slice], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Target logprobs of (N, H) `hidden`, the loss, and d loss / d hidden, a chunk at a time.
+
+    `chunk_loss(logp, rows)` is the summed loss of the positions `rows` given their (rows, K) logprobs; each
+    chunk's is backpropagated at once (into the unembedding's LoRA and the returned hidden-state gradient).
+    Returns (logp (N, K) detached, loss (scalar, detached), grad (N, H))."""
+    leaf = hidden.detach().requires_grad_()
+    pieces, total = [], hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], chunk):
+        rows = slice(start, start + chunk)
+        logp = _chunk_logprobs(unembed, leaf[rows], targets[rows])
+        loss = chunk_loss(logp, rows)
+        loss.backward()
+        pieces.append(logp.detach())
+        total += loss.detach()
+    grad = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+    return torch.cat(pieces), total, grad
+
+
 def _chunk_logprobs(unembed: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = unembed(hidden).float()
-    return logits.gather(-1, targets) - torch.logsumexp(logits, dim=-1, keepdim=True)
+    if targets.shape[1] == 1:  # fused log_softmax + gather, with a cheap backward
+        return -torch.nn.functional.cross_entropy(logits, targets[:, 0], reduction="none")[:, None]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets)

@@ -15,9 +15,15 @@ import torch
 
 from tx.backends.losses import LossFn
 from tx.backends.torch.batch import MicroBatch
-from tx.backends.torch.logprobs import chunk_positions, target_logprobs
+from tx.backends.torch.logprobs import chunk_positions, per_token_backward, target_logprobs
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.ops import TORCH_OPS
+
+
+# Losses that are a sum of per-token terms, each a function of that token's logprob and inputs only: their
+# head runs forward and backward a chunk at a time (`per_token_backward`). Any other loss (gspo's
+# per-sequence ratio, custom losses) takes the general path, which recomputes the chunks' logits.
+PER_TOKEN_LOSSES = frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ def run_micro_batch(
 
     With `custom` (an uploaded loss), it replaces `loss_fn` and runs on each datum's logprobs."""
     host.activate(adapter)
+    chunk = chunk_positions(host.vocab_size)
     with torch.no_grad() if forward_only else torch.enable_grad():
         hidden = host.hidden_states(
             micro.input_ids,
@@ -52,7 +59,9 @@ def run_micro_batch(
             vision=micro.vision,
         )
         hidden = hidden.flatten(0, 1).index_select(0, micro.index)  # real positions only, in datum order
-        logp = target_logprobs(hidden, host.unembedding, micro.targets, chunk_positions(host.vocab_size))
+        if not forward_only and custom is None and loss_fn.name in PER_TOKEN_LOSSES:
+            return _per_token_step(hidden, host.unembedding, micro, loss_fn, config, chunk)
+        logp = target_logprobs(hidden, host.unembedding, micro.targets, chunk)
         logp = micro.to_rows(logp)  # (D, T, K): one datum per row, as the losses expect
         metrics: dict[str, float] = {}
         if custom is not None:
@@ -63,3 +72,25 @@ def run_micro_batch(
     if not forward_only:
         loss.backward()
     return MicroResult(micro.split(logp), float(loss.detach()), metrics)
+
+
+def _per_token_step(
+    hidden: torch.Tensor,
+    unembed: torch.nn.Module,
+    micro: MicroBatch,
+    loss_fn: LossFn,
+    config: Mapping[str, float],
+    chunk: int,
+) -> MicroResult:
+    """The head's forward and backward a chunk at a time (`per_token_backward`), then the body's backward."""
+    flat_inputs = {key: micro.flat(value) for key, value in micro.inputs.items()}
+    flat_mask = micro.flat(micro.mask)
+
+    def chunk_loss(logp: torch.Tensor, rows: slice) -> torch.Tensor:
+        terms = loss_fn.compute(TORCH_OPS, logp, {k: v[rows] for k, v in flat_inputs.items()}, config)
+        return torch.where(flat_mask[rows], terms, 0.0).sum()
+
+    logp, loss, grad = per_token_backward(hidden, unembed, micro.targets, chunk, chunk_loss)
+    if hidden.requires_grad:  # False when only the unembedding has a LoRA
+        hidden.backward(grad)
+    return MicroResult(micro.split(micro.to_rows(logp)), float(loss))
