@@ -10,9 +10,10 @@ from typing import Literal
 
 TrainDtype = Literal["float32", "bfloat16", "float16"]
 
-# Tokens per micro-batch on CPU. At Qwen3's vocabulary (151,936) with hidden 256, 8,192 tokens kept the
-# peak under 1 GiB above model + optimizer and ran as fast as larger budgets
-# (scripts/bench/train_memory.py; see the README's "Training at real sizes").
+# Tokens per micro-batch on CPU (the JAX backend uses it too). scripts/bench/train_memory.py at Qwen3's
+# vocabulary (151,936): hidden 64, 32 x 2,048 tokens in micro-batches of 8,192 peaked ~0.7 GiB above model +
+# optimizer; hidden 256 at 4,096 tokens peaked 0.83 GiB, so at 8,192 it may pass 1 GiB: lower this flag for
+# wider models on CPU.
 CPU_MICRO_BATCH_TOKENS = 8192
 
 
