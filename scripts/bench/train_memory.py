@@ -113,7 +113,8 @@ def run_naive(model_dir: Path, batch: int, length: int, steps: int) -> dict:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    model = model.to(device)
     model = peft.get_peft_model(model.eval(), peft_config_for(LoraConfig(rank=32, seed=0)))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     rows = torch.tensor(_tokens(batch, length), device=device)
@@ -171,8 +172,9 @@ def main() -> None:
                     row[impl] = {"skipped": f"its float32 logits alone are {gb:.0f} GB"}
                     continue
                 row[impl] = _child(impl, hidden, size, args.steps)
-            if "tx" in row and "naive" in row and "tokens_per_s" in row["naive"] and "tokens_per_s" in row["tx"]:
-                row["tx_over_naive_tokens_per_s"] = round(row["tx"]["tokens_per_s"] / row["naive"]["tokens_per_s"], 3)
+            speeds = [row.get(impl, {}).get("tokens_per_s") for impl in ("tx", "naive")]
+            if None not in speeds:
+                row["tx_over_naive_tokens_per_s"] = round(speeds[0] / speeds[1], 3)
             results.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     print(json.dumps({"available_gib_at_end": round(_available_gib(), 1), "results": results}, indent=1))

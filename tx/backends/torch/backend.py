@@ -96,7 +96,8 @@ class TorchBackend(TrainingBackend):
 
     def _host(self, base_model: str) -> AdapterHost:
         if base_model not in self._hosts:
-            dtype, checkpointing = getattr(torch, self.settings.dtype), bool(self.settings.gradient_checkpointing)
+            dtype = getattr(torch, str(self.settings.dtype))
+            checkpointing = bool(self.settings.gradient_checkpointing)
             model = load_causal_lm(self._paths[base_model], self.device, dtype, checkpointing)
             self._hosts[base_model] = AdapterHost(model)
             self._budgets[base_model] = self._budget(model, dtype, checkpointing)

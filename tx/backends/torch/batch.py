@@ -64,7 +64,7 @@ class MicroBatch:
         return rows.index_copy(0, self.scatter, flat).view(self.mask.shape)
 
     def split_tensors(self, values: torch.Tensor) -> list[torch.Tensor]:
-        """Per-datum views of a (D, T, K) tensor (gradients flow through), each in its datum's target shape."""
+        """Per-datum views of a (D, T, K) tensor (gradients flow through), each in its target shape."""
         return [
             row[: shape[0], : _width(shape)] if len(shape) == 2 else row[: shape[0], 0]
             for row, shape in zip(values, self.target_shapes, strict=True)
@@ -122,7 +122,9 @@ def build_micro_batch(
     packed = vision is None
     layout = pack_rows(lengths) if packed else pad_rows(lengths)
     input_ids, position_ids = _row_tensors(items, layout)
-    index = np.concatenate([seg.row * layout.width + seg.start + np.arange(seg.length) for seg in layout.segments])
+    index = np.concatenate(
+        [seg.row * layout.width + seg.start + np.arange(seg.length) for seg in layout.segments]
+    )
     targets, scatter = _flat_targets([item.arrays[TARGET_KEY] for item in items], max(lengths))
     inputs, mask = _row_inputs([item.arrays for item in items], max(lengths))
     unequal = min(lengths) != max(lengths)
@@ -167,7 +169,9 @@ def _flat_targets(targets: list[np.ndarray], longest: int) -> tuple[np.ndarray, 
     return flat, scatter
 
 
-def _row_inputs(arrays: list[dict[str, np.ndarray]], longest: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _row_inputs(
+    arrays: list[dict[str, np.ndarray]], longest: int
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """(D, T, K) float inputs and mask, one datum per row, zero-filled past each datum's own (N_i, K_i)."""
     width = max(_width(a[TARGET_KEY].shape) for a in arrays)
     keys = [key for key in arrays[0] if key != TARGET_KEY]

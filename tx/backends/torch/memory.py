@@ -42,7 +42,9 @@ def cuda_micro_batch_tokens(free_bytes: int, per_token: int) -> int:
     return max(MIN_TOKENS, min(MAX_TOKENS, tokens))
 
 
-def default_cuda_budget(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, checkpointing: bool) -> int:
+def default_cuda_budget(
+    model: torch.nn.Module, device: torch.device, dtype: torch.dtype, checkpointing: bool
+) -> int:
     """The CUDA micro-batch budget for `model`, already loaded on `device`."""
     config = model.config.get_text_config()
     per_token = activation_bytes_per_token(

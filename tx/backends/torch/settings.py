@@ -36,7 +36,9 @@ class TrainerSettings:
         return replace(
             self,
             dtype=self.dtype or ("bfloat16" if cuda else "float32"),
-            gradient_checkpointing=cuda if self.gradient_checkpointing is None else self.gradient_checkpointing,
+            gradient_checkpointing=(
+                cuda if self.gradient_checkpointing is None else self.gradient_checkpointing
+            ),
         )
 
 
