@@ -28,7 +28,7 @@ def test_fuzzing_the_spec_finds_no_server_error(server: TxServer, tmp_path: Path
     ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "fuzz_hooks",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)  # its cache too
     summary = json.loads(report.read_text())
     assert summary["failures"] == [] and summary["errors"] == [], run.stdout[-6000:]
     assert summary["test_cases"]["generated"] >= MIN_CASES
