@@ -53,6 +53,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ray-address", help="place engines as Ray actors ('auto', 'host:port', or 'local')")
     p.add_argument("--engine-sleep-level", type=int, choices=(1, 2), help="sleep level for colocated engines")
+    p.add_argument("--engine-training-wait-s", type=float,
+                   help="a colocated training pass waits this long for in-flight samples, then pauses them (5)")
+    p.add_argument("--engine-max-adapters", type=int, help="weight versions an engine keeps loaded (default 8)")
+    p.add_argument("--sampler-versions-kept", type=int, help="weight versions held per run (default 8)")
     _image_arguments(p)
 
 

@@ -140,6 +140,10 @@ class Settings(BaseSettings):
         description="Engines share the trainer's accelerator: they sleep during training passes. "
         "Default: true when a CUDA GPU is present, else false.",
     )
+    engine_training_wait_s: float = Field(
+        5.0, ge=0, description="How long a training pass on a colocated accelerator waits for in-flight samples "
+        "before pausing them (they resume after the pass).",
+    )
     engine_sleep_level: int = Field(1, ge=1, le=2, description="1: keep weights off the accelerator; 2: drop them.")
     engine_max_adapters: int = Field(8, ge=1, description="Weight versions an engine keeps loaded.")
     sampler_versions_kept: int = Field(

@@ -2,7 +2,7 @@
 
 One local Ray per module (`num_gpus` logical: this machine has none), with auth off and a small object
 store. The engine tests share one manager on an event loop in a background thread, as the server's
-loop is, so the training thread's entry point (`before_training`) runs for real. They run in order:
+loop is, so the training thread's entry point (`training_pass`) runs for real. They run in order:
 routing, fan-out, then killed actors.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,12 +20,12 @@ ray = pytest.importorskip("ray")
 if not hasattr(ray, "init"):  # tests/ is on sys.path, so tests/ray can pose as the package
     pytest.skip("ray is not installed (pip install 'tx[ray]')", allow_module_level=True)
 
+from live_manager import LiveManager
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.inference.ray.launcher import RayEngine, RayLauncher, bundle_gpus, connect, ray_options
 from tx.inference.ray.placement import PlacementSpec
 from tx.inference.router import Router
 from tx.models.tiny import write_tiny_text_model
-from tx.types import ModelInput, SampleKey, SampleRequest, SamplingParams
 
 pytestmark = pytest.mark.ray
 
@@ -117,38 +116,15 @@ def test_placement_larger_than_the_cluster_is_refused():
 # -- two embedded engines as actors, driven by the real EngineManager ---------------------------
 
 
-class Live:
-    """The manager on its own event loop thread, like the server's."""
-
+class Live(LiveManager):
     def __init__(self, manager: EngineManager, launcher: RayLauncher) -> None:
-        self.manager, self.launcher = manager, launcher
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        manager.bind(self.loop)
-
-    def run(self, coro, timeout_s: float = 300.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def sample(self, sampler: str, seq: int = 0):
-        request = SampleRequest(ModelInput.from_tokens([5, 17, 230]), num_samples=1,
-                                params=SamplingParams(max_tokens=4, temperature=0.0))
-        return self.run(self.manager.sample(MODEL, None, SampleKey(sampler, seq), request))
-
-    def engines(self) -> dict[str, dict]:
-        (group,) = self.run(self.manager.describe())
-        return {e["name"]: e for e in group["engines"]}
+        super().__init__(manager, MODEL)
+        self.launcher = launcher
 
     def handle(self, name: str) -> RayEngine:
         (engine,) = [e for e in self.manager.engine_processes() if e.name == name]
         assert isinstance(engine, RayEngine)
         return engine
-
-    def close(self) -> None:
-        self.run(self.manager.close())
-        self.run(self.launcher.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +198,8 @@ def test_a_sessions_samples_stay_on_its_engine(live: Live):
 
 
 def test_sleep_and_wake_reach_both_engines(live: Live):
-    live.manager.before_training()  # the training thread's entry point: colocated engines sleep
+    with live.manager.training_pass():  # the training thread's entry point: colocated engines sleep
+        pass
     engines = live.engines()
     assert all(e["health"]["sleeping_level"] == 1 for e in engines.values())
     live.sample("after-sleep")  # a cold sample wakes the whole group

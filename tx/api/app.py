@@ -97,6 +97,7 @@ def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.Abs
         count=settings.managed_engine_count(False), count_with_external=settings.managed_engine_count(True),
         colocate=colocate, sleep_level=settings.engine_sleep_level, max_adapters=settings.engine_max_adapters,
         versions_kept=settings.sampler_versions_kept, trainer_device=trainer_device,
+        training_wait_s=settings.engine_training_wait_s,
         probe_interval_s=settings.engine_probe_interval_s,
     )
     manager = EngineManager(models, engine_settings, launcher, externals or [])
@@ -179,7 +180,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     service = TrainingService(
         store, backend, futures_, scheduler, files,
-        before_training=manager.before_training,
+        training_lease=manager.training_pass,
         engines=manager,
         versions_kept=settings.sampler_versions_kept,
     )

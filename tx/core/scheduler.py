@@ -19,11 +19,13 @@ sequenced job that is ready at the same moment.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 class Job:
     future: Future
     fn: Callable[[], Any]
-    before: Callable[[], None] | None = None  # e.g. put colocated engines to sleep
+    lease: Callable[[], AbstractContextManager[Any]] | None = None  # e.g. the accelerator, from colocated engines
 
 
 @dataclass
@@ -190,9 +192,8 @@ class Scheduler:
         if not self._futures.start(job.future):  # cancelled while queued
             return
         try:
-            if job.before is not None:
-                job.before()
-            result = job.fn()
+            with job.lease() if job.lease is not None else contextlib.nullcontext():
+                result = job.fn()
         except Exception as exc:  # noqa: BLE001 - the future carries every failure
             if self._futures.fail_with(job.future, exc) is ErrorCategory.SERVER:
                 logger.exception("%s %s failed", job.future.kind, job.future.request_id)

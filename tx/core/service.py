@@ -10,6 +10,7 @@ import logging
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -57,7 +58,7 @@ class TrainingService:
         futures: FutureRegistry,
         scheduler: Scheduler,
         files: CheckpointFiles,
-        before_training: Callable[[], None] | None = None,
+        training_lease: Callable[[], AbstractContextManager[Any]] | None = None,
         engines: SamplerEngines | None = None,
         versions_kept: int = 8,
     ) -> None:
@@ -66,7 +67,7 @@ class TrainingService:
         self.futures = futures
         self.scheduler = scheduler
         self.files = files
-        self._before_training = before_training
+        self._training_lease = training_lease  # held around each training pass
         self._engines = engines
         self._versions_kept = versions_kept
         self.custom_losses = CustomLosses(futures, backend)
@@ -204,7 +205,7 @@ class TrainingService:
         if batch.loss_fn == "custom":
             batch = self.custom_losses.attach(self.store.get_run(model_id, owner).session_id, batch)
         kind = "Forward" if batch.forward_only else "ForwardBackward"
-        before = None if batch.forward_only else self._before_training
+        lease = None if batch.forward_only else self._training_lease
 
         def run() -> ForwardBackwardResult:
             result = self.backend.forward_backward(model_id, batch)
@@ -212,13 +213,13 @@ class TrainingService:
                 self.trained_tokens += sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
             return result
 
-        return self._sequenced(owner, model_id, seq_id, kind, run, before)
+        return self._sequenced(owner, model_id, seq_id, kind, run, lease)
 
     def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
         adam.validate()
         return self._sequenced(
             owner, model_id, seq_id, "OptimStep", lambda: self.backend.optim_step(model_id, adam),
-            self._before_training,
+            self._training_lease,
         )
 
     def save_weights(
@@ -335,7 +336,7 @@ class TrainingService:
 
     def _sequenced(
         self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
-        before: Callable[[], None] | None = None,
+        lease: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> Future:
         run = self.store.get_run(model_id, owner)
         if seq_id < 1:
@@ -351,7 +352,7 @@ class TrainingService:
         if not created:
             return future
         self.store.touch_run(model_id)
-        self.scheduler.submit(model_id, seq_id, Job(future, fn, before))
+        self.scheduler.submit(model_id, seq_id, Job(future, fn, lease))
         return future
 
     # -- checkpoints ------------------------------------------------------------------------

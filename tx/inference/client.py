@@ -9,6 +9,7 @@ timeout and reports which engines failed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,26 +107,30 @@ class InferenceClient:
         )
         return dict(zip(names, results))
 
-    async def generate(self, engine: str, session_key: str, request: GenerateRequest) -> GenerateResponse:
-        """Generate on `engine`, resending aborted sequences until each one is complete."""
+    async def generate(self, engine: str, session_key: str, request: GenerateRequest,
+                       on_abort: Callable[[], Awaitable[None]] | None = None) -> GenerateResponse:
+        """Generate on `engine`, resending aborted sequences until each one is complete. `on_abort` runs once
+        before the resends of each round (e.g. to wait until the engine may run again)."""
         headers = {"X-Session-ID": session_key}
         first = GenerateResponse.model_validate(
             await self.post(engine, ROUTE_GENERATE, request.model_dump(), headers=headers)
         )
+        resume = _Resume(on_abort)
         sequences = await asyncio.gather(*(
-            self._complete(engine, headers, request, index, seq) if seq.stop_reason == "abort"
+            self._complete(engine, headers, request, index, seq, resume) if seq.stop_reason == "abort"
             else _done(seq)
             for index, seq in enumerate(first.sequences)
         ))
         return first.model_copy(update={"sequences": list(sequences)})
 
     async def _complete(self, engine: str, headers: dict[str, str], request: GenerateRequest, index: int,
-                        partial: GeneratedSequence) -> GeneratedSequence:
+                        partial: GeneratedSequence, resume: _Resume) -> GeneratedSequence:
         """Resend sample `index` with its tokens so far until it ends. A seeded resend after k tokens uses
         `seed + index + k * n`: a seed of its own (sample j of the request uses seed + j, and two samples
         aborted after the same k must not share a random stream), and the same one for the same abort."""
         tokens, logprobs = list(partial.token_ids), list(partial.logprobs)
         for _ in range(MAX_ABORT_ROUNDS):
+            await resume()
             remaining = request.max_tokens - len(tokens)
             if remaining <= 0:
                 return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason="length")
@@ -144,6 +149,19 @@ class InferenceClient:
             if piece.stop_reason != "abort":
                 return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason=piece.stop_reason)
         raise EngineRequestError(engine, 503, f"request still aborted after {MAX_ABORT_ROUNDS} resends")
+
+
+class _Resume:
+    """`on_abort` for the aborted sequences of one request, one at a time (the first caller does the waiting)."""
+
+    def __init__(self, on_abort: Callable[[], Awaitable[None]] | None) -> None:
+        self.on_abort = on_abort
+        self.lock = asyncio.Lock()
+
+    async def __call__(self) -> None:
+        if self.on_abort is not None:
+            async with self.lock:
+                await self.on_abort()
 
 
 async def _done(sequence: GeneratedSequence) -> GeneratedSequence:

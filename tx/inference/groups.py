@@ -38,6 +38,7 @@ class EngineSettings:
     max_adapters: int = 8  # weight versions an engine keeps loaded
     versions_kept: int = 8  # weight versions each run holds (older sampling clients then fail)
     control_timeout_s: float = 120.0
+    training_wait_s: float = 5.0  # a colocated training pass waits this long for in-flight samples, then pauses them
     transfer_timeout_s: float = 120.0
     trainer_device: str = "cpu"  # where the trainer runs: cpu, cuda, cuda:N (picks the weight transport)
 
@@ -71,7 +72,8 @@ class EngineGroup:
     model_dir: Path
     slots: dict[str, EngineSlot]
     state: GroupState = GroupState.ABSENT
-    active: int = 0  # samples and pushes using the engines now (a sleep waits for them)
+    active: int = 0  # samples and pushes using the engines now (a training pass waits for them, up to a bound)
+    training: bool = False  # the trainer holds the (colocated) device: nothing wakes the engines
     cond: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     @property

@@ -12,15 +12,16 @@ Here: a sample is routed to one engine (sticky on the sampling session), its wei
 a request that met a dead engine is retried once on the restarted one, then failed with a server error. A
 request that met an external engine that stopped answering is retried on another engine of the group (that one
 is marked down and probed, `external.py`), and fails with a server error when none is left.
-Runs on the server's event loop; `before_training` and `save_sampler` are the entry points for the training
+Runs on the server's event loop; `training_pass` and `save_sampler` are the entry points for the training
 thread, `pin` for request threads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,8 @@ class EngineManager:
                 await self.supervisor.ensure_running(group, slot)
                 adapter = await self.publisher.ensure_adapter(slot, version)
                 generate = GenerateRequest.from_sample_request(request, adapter, prompt)
-                answer = await self.client.generate(slot.name, str(key), generate)
+                answer = await self.client.generate(slot.name, str(key), generate,
+                                                    on_abort=lambda: self.lifecycle.resume_after_training(group))
                 return answer.to_sample_result()
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed during a sample: %s", slot.name, exc)
@@ -156,13 +158,21 @@ class EngineManager:
             self.supervisor.external.mark_down(slot, str(exc))  # the others get the version; it, on rejoin
 
     # -- training ---------------------------------------------------------------------------
-    def before_training(self) -> None:
-        """From the training thread: put colocated engines to sleep before a training pass."""
+    @contextlib.contextmanager
+    def training_pass(self) -> Iterator[None]:
+        """From the training thread, around a training pass: colocated engines give the device to the trainer
+        (they sleep; samples wait for the pass, or are paused and resumed after it)."""
         if not self.settings.colocate:
+            yield
             return
-        for group in self.groups.values():
-            if group.state is GroupState.AWAKE:
-                self._call(self.lifecycle.sleep(group))
+        groups = list(self.groups.values())
+        try:
+            for group in groups:
+                self._call(self.lifecycle.take_for_training(group))
+            yield
+        finally:
+            for group in groups:
+                self._call(self.lifecycle.give_back(group))
 
     def _call(self, coro) -> None:
         if self._loop is None:
