@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from pathlib import Path
 from typing import Any
 
 from tx.inference.manager import EngineManager
@@ -27,10 +28,12 @@ class LiveManager:
         return self.submit(coro).result(timeout_s)
 
     def sample_later(self, sampler: str, seq: int = 0, tokens: list[int] | None = None,
-                     params: SamplingParams | None = None) -> concurrent.futures.Future:
+                     params: SamplingParams | None = None, weights_dir: Path | None = None,
+                     ) -> concurrent.futures.Future:
+        """A sample by sampling client `sampler` (on the adapter in `weights_dir`, or the base model)."""
         request = SampleRequest(ModelInput.from_tokens(tokens or [5, 17, 230]), num_samples=1,
                                 params=params or SamplingParams(max_tokens=4, temperature=0.0))
-        return self.submit(self.manager.sample(self.model, None, SampleKey(sampler, seq), request))
+        return self.submit(self.manager.sample(self.model, weights_dir, SampleKey(sampler, seq), request))
 
     def sample(self, sampler: str, seq: int = 0, **kwargs: Any) -> SampleResult:
         return self.sample_later(sampler, seq, **kwargs).result(300)

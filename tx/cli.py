@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 logger = logging.getLogger("tx")
+SHUTDOWN_GRACE_S = 1.0
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +27,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
     p.add_argument("--operator-key", action="append", dest="operator_keys",
-                   help="key for operator routes (/metrics) when API keys are set; repeatable")
+                   help="key for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; "
+                   "repeatable")
     p.add_argument("--backend", choices=("torch", "jax"), help="training backend (default torch; jax: the [jax] extra)")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--trainer-workers", type=int,
@@ -179,7 +181,10 @@ def serve(args: argparse.Namespace) -> int:
             return 2
     app = create_app(settings)
     logger.info("tx listening on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75)
+    # On SIGTERM, open requests (SDK long-polls of retrieve_future hold one up to 30 s) get a moment to finish;
+    # then the lifespan stops the trainer and the engines.
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     return 0
 
 

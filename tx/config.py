@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     )
     operator_keys: list[str] = Field(
         default_factory=list,
-        description="Keys for operator routes (/metrics) when API keys are set; sent as X-API-Key or "
+        description="Keys for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; sent as X-API-Key or "
         "Authorization: Bearer. With API keys set and no operator key, those routes are refused.",
     )
     backend: Literal["torch", "jax"] = Field(

@@ -52,6 +52,7 @@ from tx.multimodal import ImageInputs
 from tx.store.store import Store
 
 logger = logging.getLogger(__name__)
+TRAINING_STOP_WAIT_S = 2.0  # at shutdown, the training step in flight gets this long to end (the thread is a daemon)
 
 
 @dataclass
@@ -210,10 +211,13 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             janitor.cancel()
-            runtime.scheduler.stop()
-            runtime.backend.close()
-            await ctx.manager.close()
-            runtime.store.close()
+            try:  # the training thread off the loop (it may be waiting on the loop), the engines meanwhile
+                await asyncio.gather(asyncio.to_thread(runtime.scheduler.stop, TRAINING_STOP_WAIT_S),
+                                     ctx.manager.close())
+                runtime.backend.close()
+                logger.info("training and engines stopped")
+            finally:
+                runtime.store.close()
 
     app = FastAPI(title="tx", lifespan=lifespan)
     app.state.key_checker = KeyChecker(settings.api_keys)

@@ -20,7 +20,12 @@ def get_principal(request: Request) -> Principal:
     return request.app.state.key_checker(request)
 
 
+def require_operator(request: Request) -> None:
+    request.app.state.operator_checker(request)
+
+
 MAX_OFFSET = 2**53  # list offsets above this are refused (a 64-bit store integer overflows near 2**63)
 
 Ctx = Annotated["Context", Depends(get_ctx)]
 Caller = Annotated[Principal, Depends(get_principal)]
+Operator = Annotated[None, Depends(require_operator)]

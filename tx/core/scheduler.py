@@ -140,6 +140,8 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cond:
+                if self._stopping:  # the job in hand was the last: a stopping server starts no other
+                    return
                 job = self._next_job()
                 while job is None and not self._stopping:
                     self._cond.wait(timeout=self._wait_time())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,8 +49,13 @@ class EngineSlot:
     process: EngineHandle | None = None
     transport: TransportChoice | None = None  # chosen on the first push to this engine process
     sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
-    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # loaded, least recently used first
+    in_use: Counter[str] = field(default_factory=Counter)  # adapter -> requests generating with it now
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    freed: asyncio.Condition = field(init=False)  # on `lock`: an adapter stopped being in use
+
+    def __post_init__(self) -> None:
+        self.freed = asyncio.Condition(self.lock)
 
     @property
     def alive(self) -> bool:

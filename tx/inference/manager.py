@@ -43,6 +43,15 @@ logger = logging.getLogger(__name__)
 __all__ = ["EngineManager", "EngineSettings", "EngineSlot", "GroupState"]
 
 
+def engine_error(exc: EngineRequestError) -> Exception:
+    """What an engine's error answer means to the user: a 400 is about their request (a token outside the
+    vocabulary, a prompt too long); anything else (an adapter the manager should have loaded, a wrong state,
+    a schema the manager built) is the server's fault."""
+    if exc.status == 400:
+        return UserError(exc.detail)
+    return RuntimeError(f"engine {exc.name} answered {exc.status}: {exc.detail}")
+
+
 class EngineManager:
     def __init__(self, model_dirs: dict[str, Path], settings: EngineSettings, launcher: Launcher,
                  externals: Sequence[ExternalEngine] = ()) -> None:
@@ -104,10 +113,12 @@ class EngineManager:
             process = slot.process
             try:
                 await self.supervisor.ensure_running(group, slot)
-                adapter = await self.publisher.ensure_adapter(slot, version)
-                generate = GenerateRequest.from_sample_request(request, adapter, prompt)
-                answer = await self.client.generate(slot.name, str(key), generate,
-                                                    on_abort=lambda: self.lifecycle.resume_after_training(group))
+                async with self.publisher.holding(slot, version) as adapter:
+                    generate = GenerateRequest.from_sample_request(request, adapter, prompt)
+                    answer = await self.client.generate(
+                        slot.name, str(key), generate,
+                        on_abort=lambda: self.lifecycle.resume_after_training(group),
+                    )
                 return answer.to_sample_result()
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed during a sample: %s", slot.name, exc)
@@ -120,9 +131,7 @@ class EngineManager:
                 restarted = True
                 await self.supervisor.restart(group, slot, process)
             except EngineRequestError as exc:
-                if 400 <= exc.status < 500:
-                    raise UserError(exc.detail) from exc
-                raise
+                raise engine_error(exc) from exc
 
     # -- weights ----------------------------------------------------------------------------
     def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,

@@ -3,6 +3,8 @@
 Design / who owns what:
 - A weight version (`versions.py`) is a LoRA adapter named `v<number>`. An engine loads a version on first use
   (pushed from the trainer's tensors, never read back from disk) and keeps the most recent `max_adapters`.
+- An adapter a request is generating with (`holding`) is never unloaded: eviction takes the least recently used
+  idle one, and waits for one to become idle when all are in use.
 - Weights travel over the transport `weight_sync.transport.choose_transport` picks per engine, from the
   trainer's device (`EngineSettings.trainer_device`) and what the engine's `/health` reports: CUDA IPC into an
   engine on the trainer's own GPU, NCCL to one on another GPU, gloo when either side is on cpu (the tensors
@@ -13,9 +15,11 @@ Design / who owns what:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import torch
 
@@ -58,23 +62,50 @@ class Publisher:
         self.pushed_bytes = 0  # weight bytes sent to engines, and the seconds the pushes took (for /metrics)
         self.push_seconds = 0.0
 
-    async def ensure_adapter(self, slot: EngineSlot, version: WeightVersion | None) -> str | None:
-        """The adapter serving `version` on this engine, pushed there first if it is not loaded."""
+    @contextlib.asynccontextmanager
+    async def holding(self, slot: EngineSlot, version: WeightVersion | None) -> AsyncIterator[str | None]:
+        """The adapter serving `version` on this engine (None: the base model), kept loaded while held."""
+        name = await self.ensure_adapter(slot, version, hold=True)
+        try:
+            yield name
+        finally:
+            if name is not None:
+                async with slot.freed:
+                    slot.in_use[name] -= 1
+                    if slot.in_use[name] <= 0:
+                        del slot.in_use[name]
+                    slot.freed.notify_all()
+
+    async def ensure_adapter(self, slot: EngineSlot, version: WeightVersion | None, hold: bool = False) -> str | None:
+        """The adapter serving `version` on this engine, pushed there first if it is not loaded (and counted in
+        use if `hold`: the caller then releases it as `holding` does)."""
         if version is None:
             return None
         name = version.adapter
         async with slot.lock:
-            if name in slot.adapters:
-                slot.adapters.move_to_end(name)
-                return name
-            while len(slot.adapters) >= self.settings.max_adapters:
-                old = slot.adapters.popitem(last=False)[0]
-                await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=old), self.settings.control_timeout_s)
-            await self.push(slot, name, version.named, version.spec)
-            await self.client.post(slot.name, ROUTE_WEIGHTS_FINISH, WeightsFinishRequest(
-                version=name, adapter=name).model_dump(), self.settings.control_timeout_s)
-            slot.adapters[name] = None
+            if name not in slot.adapters:
+                await self._load(slot, version)
+            slot.adapters.move_to_end(name)
+            if hold:
+                slot.in_use[name] += 1
             return name
+
+    async def _load(self, slot: EngineSlot, version: WeightVersion) -> None:
+        """Push `version` into the engine, unloading idle adapters to make room. Call with `slot.lock` held."""
+        while len(slot.adapters) >= self.settings.max_adapters:
+            idle = next((a for a in slot.adapters if not slot.in_use[a]), None)
+            if idle is None:  # every loaded adapter is generating: wait for one to finish
+                await slot.freed.wait()
+                if version.adapter in slot.adapters:
+                    return
+                continue
+            del slot.adapters[idle]
+            await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=idle), self.settings.control_timeout_s)
+        name = version.adapter
+        await self.push(slot, name, version.named, version.spec)
+        await self.client.post(slot.name, ROUTE_WEIGHTS_FINISH, WeightsFinishRequest(
+            version=name, adapter=name).model_dump(), self.settings.control_timeout_s)
+        slot.adapters[name] = None
 
     async def push(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
         if slot.transport is None:

@@ -34,6 +34,7 @@ class Supervisor:
         self.control_timeout_s = control_timeout_s
         self.external = ExternalEngines(client, probe_interval_s, control_timeout_s, max_adapters)
         self.restarts = 0  # processes replaced after a failure (for operators and tests)
+        self.closed = False
         self._background: set[asyncio.Task] = set()
 
     async def ensure_running(self, group: EngineGroup, slot: EngineSlot) -> None:
@@ -47,6 +48,8 @@ class Supervisor:
     async def _start_unless_alive(self, group: EngineGroup, slot: EngineSlot) -> None:
         if slot.alive:
             return
+        if self.closed:
+            raise RuntimeError("the server is shutting down: no engine is started")
         if slot.process is not None:
             logger.warning("engine %s (pid %s) is dead; restarting it", slot.name, slot.process.pid)
             self.restarts += 1
@@ -88,6 +91,7 @@ class Supervisor:
                 await self.restart(group, slot, process)
 
     async def close(self, groups: list[EngineGroup]) -> None:
+        self.closed = True  # a request that meets a stopped engine now fails instead of starting one
         for task in list(self._background):
             task.cancel()
         await self.external.close()

@@ -6,7 +6,7 @@ import logging
 
 from fastapi import APIRouter, Response
 
-from tx.api.deps import Caller, Ctx
+from tx.api.deps import Caller, Ctx, Operator
 from tx.api.errors import COMMON_ERRORS
 from tx.api.wire.rest_schemas import GetServerCapabilitiesResponse, HealthResponse, SupportedModel
 from tx.api.wire.schemas import (
@@ -56,8 +56,8 @@ async def capabilities(ctx: Ctx, _: Caller) -> GetServerCapabilitiesResponse:
 
 
 @router.get("/tx/engines")
-async def engines(ctx: Ctx, _: Caller) -> dict:
-    """tx's own: the inference engines, their state, weight versions and health."""
+async def engines(ctx: Ctx, _: Operator) -> dict:
+    """tx's own, for operators: the inference engines, their state, weight versions and health."""
     return {"groups": await ctx.manager.describe()}
 
 

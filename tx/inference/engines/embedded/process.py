@@ -18,8 +18,8 @@ def wait_ready(config: EmbeddedEngineConfig, process: subprocess.Popen, timeout_
     return wait_engine_ready(config, process, timeout_s)
 
 
-def stop_engine(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
-    """Terminate the engine, then kill it if it does not exit in time."""
+def stop_engine(process: subprocess.Popen, timeout_s: float = 2.0) -> None:
+    """Terminate the engine, then kill it if it does not exit in time (it keeps nothing that a kill loses)."""
     if process.poll() is not None:
         return
     process.terminate()

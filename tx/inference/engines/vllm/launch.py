@@ -99,3 +99,6 @@ class VllmLauncher:
     async def stop(self, engine: EngineHandle) -> None:
         assert isinstance(engine, EngineProcess)
         await asyncio.to_thread(stop_process_group, engine.process)
+
+    async def close(self) -> None:
+        """Nothing to release: every engine process group is stopped through `stop`."""
