@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 logger = logging.getLogger("tx")
-SHUTDOWN_GRACE_S = 1.0
+SHUTDOWN_GRACE_S = 1  # seconds
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
