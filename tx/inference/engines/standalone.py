@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
-from tx.inference.engines.config import EngineProcessConfig
+if TYPE_CHECKING:
+    from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+    from tx.inference.engines.vllm.config import VllmEngineConfig
 
 SECRET_ENV = "TX_ENGINE_SECRET"
 MIN_SECRET_CHARS = 8
@@ -41,22 +43,38 @@ class StandaloneEngine:
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine
     extra_vllm_args: list[str] = field(default_factory=list)
 
-    def config(self, secret: str) -> EngineProcessConfig:
-        """The engine's config (the model resolved to its directory)."""
-        from tx.models.resolve import resolve_model_dir
+    def embedded_config(self, secret: str) -> EmbeddedEngineConfig:
+        """The embedded engine's config (the model resolved to its directory)."""
+        from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 
-        common = dict(model_dir=resolve_model_dir(self.model), cluster_secret=secret, host=self.host,
-                      port=self.port, ready_file=self.ready_file, max_adapters=self.max_adapters,
-                      exit_with_parent=False)
-        if self.kind == "embedded":
-            from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+        return EmbeddedEngineConfig(**self._common(secret), device=self.device)
 
-            return EmbeddedEngineConfig(**common, device=self.device)
+    def vllm_config(self, secret: str) -> VllmEngineConfig:
+        """The vLLM engine's config (the model resolved to its directory)."""
         from tx.inference.engines.vllm.config import VllmEngineConfig
 
         tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
-        return VllmEngineConfig(**common, dtype=self.dtype, max_model_len=self.max_model_len,
+        return VllmEngineConfig(**self._common(secret), dtype=self.dtype, max_model_len=self.max_model_len,
                                 extra_args=tp + list(self.extra_vllm_args), vllm_url=self.vllm_url)
+
+    def _common(self, secret: str) -> _CommonFields:
+        from tx.models.resolve import resolve_model_dir
+
+        return _CommonFields(model_dir=resolve_model_dir(self.model), cluster_secret=secret, host=self.host,
+                             port=self.port, ready_file=self.ready_file, max_adapters=self.max_adapters,
+                             exit_with_parent=False)
+
+
+class _CommonFields(TypedDict):
+    """The `EngineProcessConfig` fields both kinds of engine get from `tx engine serve`."""
+
+    model_dir: Path
+    cluster_secret: str
+    host: str
+    port: int
+    ready_file: Path | None
+    max_adapters: int
+    exit_with_parent: bool
 
 
 def secret_from_env() -> str:
@@ -79,7 +97,7 @@ def vllm_serve_command(engine: StandaloneEngine, host: str = "127.0.0.1", port: 
     from tx.inference.engines.vllm.child import VllmChild, sleep_mode_on
     from tx.inference.engines.vllm.server import BASE_MODEL_NAME
 
-    config = engine.config("unused-secret")
+    config = engine.vllm_config("unused-secret")
     child = VllmChild(config, Path("."), BASE_MODEL_NAME, sleep_mode_on(config))
     env = child.environment()
     words = [f"{k}={env[k]}" for k in ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
@@ -89,12 +107,15 @@ def vllm_serve_command(engine: StandaloneEngine, host: str = "127.0.0.1", port: 
 
 def serve(engine: StandaloneEngine) -> None:
     """Run the engine in the foreground until it is stopped."""
-    config = engine.config(secret_from_env())
+    secret = secret_from_env()
     if engine.kind == "embedded":
-        from tx.inference.engines.embedded.__main__ import main
+        from tx.inference.engines.embedded.__main__ import main as embedded_main
+
+        embedded_main(engine.embedded_config(secret))
     else:
-        from tx.inference.engines.vllm.__main__ import main
-    main(config)
+        from tx.inference.engines.vllm.__main__ import main as vllm_main
+
+        vllm_main(engine.vllm_config(secret))
 
 
 __all__ = ["SECRET_ENV", "StandaloneEngine", "StandaloneError", "secret_from_env", "serve", "vllm_serve_command"]
