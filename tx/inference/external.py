@@ -144,7 +144,8 @@ def check_at_startup(urls: list[str], secret: str | None, models: dict[str, Path
     problems = [f"engine {url} {problem}" for url, (_, problem) in zip(urls, results) if problem is not None]
     if problems:
         raise ExternalEngineError("external engines failed their startup checks:\n  " + "\n  ".join(problems))
-    return [ExternalEngine(url, base_model, fingerprints[base_model]) for url, (base_model, _) in zip(urls, results)]
+    fit = [(url, base_model) for url, (base_model, _) in zip(urls, results) if base_model is not None]  # all of them
+    return [ExternalEngine(url, base_model, fingerprints[base_model]) for url, base_model in fit]
 
 
 class ExternalEngines:
@@ -169,11 +170,11 @@ class ExternalEngines:
     async def _watch_up(self, slots: list[EngineSlot]) -> None:
         while True:
             await asyncio.sleep(self.probe_interval_s)
-            up = [slot for slot in slots if slot.process.up]
-            answers = await asyncio.gather(*(self._http_client().get(slot.process.url + ROUTE_HEALTH,
-                                                                      timeout=CHECK_TIMEOUT_S) for slot in up),
+            up = [(slot, handle) for slot in slots if (handle := slot.external_handle) is not None and handle.up]
+            answers = await asyncio.gather(*(self._http_client().get(handle.url + ROUTE_HEALTH,
+                                                                      timeout=CHECK_TIMEOUT_S) for _, handle in up),
                                            return_exceptions=True)
-            for slot, answer in zip(up, answers):
+            for (slot, _), answer in zip(up, answers):
                 if isinstance(answer, httpx.HTTPError):
                     self.mark_down(slot, f"GET {ROUTE_HEALTH} failed: {type(answer).__name__}: {answer}")
 

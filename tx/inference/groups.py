@@ -13,6 +13,7 @@ import enum
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from tx.inference.external import ExternalEngine, ExternalHandle
@@ -65,6 +66,11 @@ class EngineSlot:
     def external(self) -> bool:
         return isinstance(self.process, ExternalHandle)
 
+    @property
+    def external_handle(self) -> ExternalHandle | None:
+        """The external engine in this slot; None for a managed one."""
+        return self.process if isinstance(self.process, ExternalHandle) else None
+
     def reset(self) -> None:
         if self.sender is not None:
             self.sender.close()
@@ -88,13 +94,14 @@ class EngineGroup:
     def alive(self) -> list[str]:
         return [key for key, slot in self.slots.items() if slot.alive]
 
-    def pick(self, sampler_id: str, failed: set[str] = frozenset()) -> str:
+    def pick(self, sampler_id: str, failed: AbstractSet[str] = frozenset()) -> str:
         """The session's engine among the live ones not in `failed` (when none is live: a managed one, which
         is then restarted); RuntimeError when only external engines that are down are left."""
         live = [key for key in self.alive() if key not in failed]
         candidates = live or [key for key, slot in self.slots.items() if not slot.external]
         if not candidates:
-            down = "; ".join(f"{s.process.url}: {s.process.problem}" for s in self.slots.values() if s.external)
+            down = "; ".join(f"{handle.url}: {handle.problem}" for s in self.slots.values()
+                             if (handle := s.external_handle) is not None)
             raise RuntimeError(f"no engine of {self.base_model} can sample now (external engines down: {down})")
         return self.router.pick(sampler_id, candidates)
 

@@ -62,8 +62,8 @@ class EngineManager:
         self.groups = build_groups(model_dirs, settings, externals)
         for group in self.groups.values():
             for slot in group.slots.values():
-                if slot.external:
-                    self.client.engines[slot.name] = slot.process.url
+                if (handle := slot.external_handle) is not None:
+                    self.client.engines[slot.name] = handle.url
         self.supervisor = Supervisor(launcher, self.client, settings.control_timeout_s, settings.probe_interval_s,
                                      settings.max_adapters)
         self.lifecycle = Lifecycle(settings, self.supervisor)
