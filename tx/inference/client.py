@@ -99,7 +99,7 @@ class InferenceClient:
         return response.json()
 
     async def fan_out(self, path: str, body: dict[str, Any] | None, timeout_s: float,
-                      names: list[str] | None = None) -> dict[str, dict[str, Any] | Exception]:
+                      names: list[str] | None = None) -> dict[str, dict[str, Any] | BaseException]:
         """One call to each engine at once; per engine, its JSON answer or the exception it raised."""
         names = list(self.engines) if names is None else names
         results = await asyncio.gather(

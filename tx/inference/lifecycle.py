@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from tx.inference.groups import EngineGroup, EngineSettings, GroupState
 from tx.inference.protocol import ROUTE_SLEEP, ROUTE_WAKE_UP, SleepRequest, WakeUpRequest
@@ -85,7 +86,8 @@ class Lifecycle:
                             group.active, group.base_model, self.settings.training_wait_s)
             if group.state is not GroupState.AWAKE:
                 return
-            level, mode = self.settings.sleep_level, "wait" if group.active == 0 else "abort"
+            level: Literal[1, 2] = 2 if self.settings.sleep_level == 2 else 1  # the config allows 1 or 2
+            mode = "wait" if group.active == 0 else "abort"
             await self.supervisor.control(group, ROUTE_SLEEP, SleepRequest(level=level, mode=mode).model_dump())
             if level == 2:
                 for slot in group.managed():

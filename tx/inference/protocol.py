@@ -75,6 +75,7 @@ ROUTE_ADAPTER = "/adapters/{name}"  # DELETE -> HealthResponse
 StopReasonName = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "wait", "keep"]
 WakeTag = Literal["weights", "kv_cache"]
+TransferState = Literal["none", "connecting", "ready", "failed"]  # the engine's weight-transfer group
 
 
 class _Wire(BaseModel):
@@ -296,7 +297,7 @@ class HealthResponse(StateResponse):
     base_version: str | None = None
     adapters: dict[str, str | None] = Field(default_factory=dict, description="name -> version label")
     asleep_tags: list[WakeTag] = Field(default_factory=list)
-    weight_transfer: Literal["none", "connecting", "ready", "failed"] = "none"
+    weight_transfer: TransferState = "none"
     num_running: int = 0
     num_waiting: int = 0
     stats: EngineStats = Field(default_factory=EngineStats)

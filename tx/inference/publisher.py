@@ -148,7 +148,7 @@ class Publisher:
                               spec: LoraSpec) -> None:
         """A gloo or NCCL group of the trainer (rank 0) and the engine's workers (ranks 1..), made on the first
         push."""
-        assert choice.master_address is not None, "gloo and nccl groups have a master address"
+        assert choice.kind != "ipc" and choice.master_address is not None, "a gloo or nccl group, with its address"
         device = self._trainer_device() if choice.kind == "nccl" else None
         if slot.sender is None:
             init = TransferInit(backend=choice.kind, master_address=choice.master_address,

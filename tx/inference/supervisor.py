@@ -85,7 +85,7 @@ class Supervisor:
         slots = {s.name: (s, s.process) for s in group.managed() if s.process is not None}
         results = await self.client.fan_out(path, body, self.control_timeout_s, list(slots))
         for name, result in results.items():
-            if isinstance(result, Exception):
+            if isinstance(result, BaseException):
                 logger.warning("engine %s failed %s (%s); restarting it", name, path, result)
                 slot, process = slots[name]
                 await self.restart(group, slot, process)

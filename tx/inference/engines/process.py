@@ -29,6 +29,8 @@ def spawn_engine_process(module: str, config: EngineProcessConfig, **popen_kwarg
 def wait_engine_ready(config: EngineProcessConfig, process: subprocess.Popen, timeout_s: float,
                       what: str = "engine", poll_s: float = 0.05) -> str:
     """The engine's URL once it wrote its ready file; RuntimeError if it exits or times out first."""
+    if config.ready_file is None:
+        raise ValueError(f"waiting for the {what} needs config.ready_file to learn its URL")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         url = read_ready_file(config.ready_file)

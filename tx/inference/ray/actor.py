@@ -62,9 +62,11 @@ class EngineActor:
 
     async def wait_exit(self, poll_s: float = 0.2) -> int:
         """Returns the engine's exit code once it exits (pending while it runs)."""
-        while self.process.poll() is None:
+        process = self.process
+        assert process is not None, "ready() starts the engine first"
+        while process.poll() is None:
             await asyncio.sleep(poll_s)
-        return self.process.returncode
+        return process.returncode
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Terminate the engine (SIGTERM, then SIGKILL after `timeout_s`)."""

@@ -29,12 +29,16 @@ import ipaddress
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeGuard
 from urllib.parse import urlsplit
 
 Transport = Literal["gloo", "nccl", "ipc"]
 TRANSPORTS: tuple[Transport, ...] = ("gloo", "nccl", "ipc")
 LOOPBACK = "127.0.0.1"
+
+
+def is_transport(name: object) -> TypeGuard[Transport]:
+    return name in TRANSPORTS
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,9 @@ class EngineFacts:
     @classmethod
     def from_health(cls, url: str, health: dict) -> EngineFacts:
         """From a `HealthResponse` as JSON; fields an engine does not report read as cpu / gloo only."""
-        transports = tuple(t for t in health.get("weight_transports") or ("gloo",) if t in TRANSPORTS)
+        transports: tuple[Transport, ...] = tuple(
+            t for t in health.get("weight_transports") or ("gloo",) if is_transport(t)
+        )
         return cls(
             url=url,
             device=health.get("device") or "cpu",

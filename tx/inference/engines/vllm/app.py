@@ -17,7 +17,7 @@ from tx.inference.weight_sync import TransferInit
 
 def create_app(engine: VllmEngine) -> FastAPI:
     app = FastAPI(title="tx vLLM engine")
-    add_error_handlers(app, {VllmError: lambda exc: exc.status})
+    add_error_handlers(app, {VllmError: lambda exc: exc.status if isinstance(exc, VllmError) else 500})
     guarded = secret_guard(engine.config.cluster_secret)
 
     @app.get(p.ROUTE_HEALTH)

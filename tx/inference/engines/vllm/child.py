@@ -108,7 +108,7 @@ class VllmChild:
         return self.config.vllm_url is not None
 
     def _transport_and_base(self, sync: bool) -> dict[str, Any]:
-        if self.attached:
+        if self.config.vllm_url is not None:  # attached
             return {"base_url": self.config.vllm_url.rstrip("/")}
         transport = httpx.HTTPTransport if sync else httpx.AsyncHTTPTransport
         return {"transport": transport(uds=str(self.socket)), "base_url": "http://vllm"}

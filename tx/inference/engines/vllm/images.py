@@ -100,9 +100,7 @@ def decode_images(request: GenerateRequest, limits: Any = None) -> None:
     for index, image in enumerate(request.images):
         try:
             decode_image(image.image_bytes(), limits)
-        except (binascii.Error, ValueError) as exc:
-            raise UserError(f"image {index}: {exc}") from None
-        except UserError as exc:
+        except (binascii.Error, ValueError) as exc:  # UserError is a ValueError
             raise UserError(f"image {index}: {exc}") from None
 
 

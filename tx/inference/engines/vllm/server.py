@@ -70,7 +70,7 @@ class VllmEngine:
         self.base_version: str | None = None
         self.adapters: dict[str, str | None] = {}
         self.adapter_paths: dict[str, Path] = {}
-        self.transfer = "none"
+        self.transfer: p.TransferState = "none"
         self.num_running = 0
         self.num_waiting = 0
         self.stats = p.EngineStats()
@@ -104,6 +104,7 @@ class VllmEngine:
         bodies = completion_bodies(request, model, isolate_prompt_logprobs=isolate)
         complete = self._complete
         if request.images:
+            assert self.vision is not None  # check_images refused images for a text-only model
             prompt, parts = collapsed_prompt(request, self.vision.image_token_id), content_parts(request)
             bodies = [tokens_body(body, prompt, parts) for body in bodies]
             complete = functools.partial(self._generate_tokens, request)
@@ -186,9 +187,9 @@ class VllmEngine:
         return self.state()
 
     async def wake_up(self, tags: list[p.WakeTag] | None) -> p.StateResponse:
-        tags = set(tags or ("weights", "kv_cache"))
+        wanted: set[p.WakeTag] = set(tags or ("weights", "kv_cache"))
         async with self._weights:
-            waking = tags & self.asleep
+            waking = wanted & self.asleep
             if waking and self.child.sleep_mode:
                 await self.child.call("POST", "/wake_up", params=[("tags", t) for t in sorted(waking)])
             if "weights" in waking and self.sleeping_level == 2:
@@ -196,7 +197,7 @@ class VllmEngine:
                     "tx_reload_base", str(self.config.model_dir), timeout=self.config.rpc_timeout_s
                 )
                 await self._reset_prefix_cache()
-            self.asleep -= tags
+            self.asleep -= wanted
             if not self.asleep:
                 self.sleeping_level = 0
         await self._reopen()
@@ -218,13 +219,13 @@ class VllmEngine:
 
     async def update_weights(self, request: p.WeightsUpdateRequest) -> p.WeightsUpdateResponse:
         transfer = request.transfer.model_dump_json()
-        if request.adapter is None:
+        if request.adapter is None or request.lora is None:  # both or neither (validated)
             return await self._update_base("tx_update_base", transfer)
         return await self._update_adapter(request.adapter, request.lora, "tx_update_lora", transfer)
 
     async def update_weights_ipc(self, request: p.IpcWeightsUpdateRequest) -> p.WeightsUpdateResponse:
         ipc = request.ipc.model_dump_json()
-        if request.adapter is None:
+        if request.adapter is None or request.lora is None:  # both or neither (validated)
             return await self._update_base("tx_update_ipc", ipc)
         return await self._update_adapter(request.adapter, request.lora, "tx_update_ipc", ipc)
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tx.inference.protocol import GeneratedSequence, GenerateRequest, GenerateResponse
+from tx.inference.protocol import GeneratedSequence, GenerateRequest, GenerateResponse, StopReasonName
 
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_FINISH: dict[str, StopReasonName] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class TranslationError(RuntimeError):

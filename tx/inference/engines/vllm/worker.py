@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +45,12 @@ class _Failure(Exception):
 
 class TxWorkerExtension:
     """Methods vLLM adds to its worker class; see the module docstring."""
+
+    if TYPE_CHECKING:  # what the vLLM worker this class is mixed into provides
+        rank: int
+        device: torch.device
+
+        def reload_weights(self, *args: Any, **kwargs: Any) -> None: ...
 
     # ---- the transfer group
 
