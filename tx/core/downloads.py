@@ -23,6 +23,7 @@ import secrets
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from tx.types import NotFoundError
 
@@ -61,13 +62,13 @@ class DownloadSigner:
         payload, _, mac = token.partition(".")
         try:
             valid = bool(payload) and hmac.compare_digest(mac.encode(), self._mac(payload).encode())
-            fields = json.loads(_unb64(payload)) if valid else None
-            expires = fields.pop("exp") if valid else 0
-            scope = LinkScope(**fields) if valid else None
+            if not valid:
+                raise NotFoundError("invalid download link")
+            fields: dict[str, Any] = json.loads(_unb64(payload))
+            expires = fields.pop("exp")
+            scope = LinkScope(**fields)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # UnicodeError is a ValueError
             raise NotFoundError("invalid download link") from exc
-        if scope is None:
-            raise NotFoundError("invalid download link")
         if (time.time() if now is None else now) >= expires:
             raise NotFoundError("download link expired; ask for new URLs")
         return scope

@@ -35,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 logger = logging.getLogger(__name__)
 
 
-def connect(address: str | None = None, *, num_cpus: float | None = None, num_gpus: float | None = None,
+def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
             object_store_memory: int | None = None, namespace: str = "tx") -> None:
     """Join the Ray cluster at `address` ("auto", "ray://...", "host:port"), or start a local one.
 
@@ -170,7 +170,7 @@ class RayLauncher:
             ready = actor.ready.remote(self.startup_timeout_s)
             info = await asyncio.wait_for(ready, self.startup_timeout_s + 30)
         except Exception as exc:
-            ray.kill(actor, no_restart=True)
+            ray.kill(actor, no_restart=True)  # pyright: ignore[reportArgumentType]  (ray types .remote() as a proxy)
             cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps what the actor raised
             raise RuntimeError(f"engine {name} failed to start as a Ray actor: {cause}") from exc
         engine = RayEngine(

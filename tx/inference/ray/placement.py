@@ -20,6 +20,7 @@ The launcher turns an `ActorPlacement` into Ray's actor options; nothing here st
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -114,7 +115,7 @@ class PlacementSpec:
         num_gpus, num_cpus = self.claim()
         return ActorPlacement(rank, num_gpus, num_cpus, (rank,))
 
-    def check_fits(self, cluster_resources: dict[str, float]) -> None:
+    def check_fits(self, cluster_resources: Mapping[str, float]) -> None:
         """ValueError, naming what is short, if the cluster cannot hold the group's bundles."""
         need = {"GPU": float(self.num_gpus), "CPU": self.num_bundles * self.cpus_per_bundle}
         for resource, amount in need.items():
