@@ -2,8 +2,8 @@
 
 Covers the contract end to end: the secret, generation with raw logprobs and prompt logprobs equal to a plain
 transformers forward, greedy equal to `generate`, seeded sampling, pause/abort with the client's retry, sleep
-bookkeeping, and weights pushed over gloo through tx's worker extension (a LoRA adapter, then full base
-weights).
+bookkeeping, and weights pushed over gloo through tx's worker extension (a LoRA adapter, sampler weights the
+JAX backend wrote, then full base weights).
 """
 
 from __future__ import annotations
@@ -206,6 +206,49 @@ def test_lora_adapter_over_gloo_matches_peft(vllm_engine, sender, reference_mode
 
     assert vllm_engine.http.delete("/adapters/a1").json()["adapters"] == {}
     assert vllm_engine.post("/generate", {"prompt_token_ids": PROMPT, "adapter": "a1"}, expect=404)
+
+
+def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_model_dir, tmp_path):
+    """Sampler weights written by the JAX backend (PEFT layout), read from their directory as the manager
+    reads a save, load into vLLM: the engine's sample and prompt logprobs equal the JAX backend's own."""
+    pytest.importorskip("jax", reason="the JAX backend needs jax (the [jax] extra)")
+    pytest.importorskip("optax", reason="the JAX backend needs optax (the [jax] extra)")
+    import numpy as np
+
+    from tx.backends.jax.backend import JaxBackend
+    from tx.inference.versions import lora_spec, read_adapter
+    from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+
+    def forward(tokens: list[int], forward_only: bool = True):
+        datum = Datum(ModelInput.from_tokens(tokens[:-1]), {
+            "target_tokens": np.asarray(tokens[1:], dtype=np.int64),
+            "weights": np.ones(len(tokens) - 1, dtype=np.float32)})
+        batch = ForwardBackwardInput(data=[datum], loss_fn="cross_entropy", forward_only=forward_only)
+        return backend.forward_backward("jax", batch).loss_fn_outputs[0]["logprobs"].tolist()
+
+    backend = JaxBackend({"tiny": tiny_model_dir})
+    backend.create_model("jax", "tiny", LoraConfig(rank=4, seed=0))  # attention, MLP and unembed
+    for _ in range(3):  # a fresh adapter's B is zero: train it away from the base
+        forward(PROMPT * 2, forward_only=False)
+        backend.optim_step("jax", AdamParams(learning_rate=0.05))
+    backend.save_sampler_weights("jax", tmp_path / "sampler")
+    named, spec = read_adapter(tmp_path / "sampler"), lora_spec(tmp_path / "sampler")
+    assert push(vllm_engine, sender, named, adapter="jax1", lora=spec.model_dump())["num_tensors"] == len(named)
+    vllm_engine.post("/weights/finish", {"version": "j1", "adapter": "jax1"})
+
+    body = {"prompt_token_ids": PROMPT, "max_tokens": 8, "temperature": 0.0, "stop_at_eos": False,
+            "prompt_logprobs": True}
+    out = vllm_engine.generate(**body, adapter="jax1")
+    base = vllm_engine.generate(**body)
+    (seq,) = out["sequences"]
+    expected = forward(PROMPT + seq["token_ids"])
+    engine = out["prompt_logprobs"][1:] + seq["logprobs"]
+    gap = max(abs(a - b) for a, b in zip(engine, expected, strict=True))
+    print(f"max |vLLM - JAX| logprob gap: {gap:.2e}")
+    assert gap < 1e-3
+    trained = max(abs(a - b) for a, b in zip(out["prompt_logprobs"][1:], base["prompt_logprobs"][1:]))
+    assert trained > 0.05, "the adapter must change the engine's outputs"
+    assert vllm_engine.http.delete("/adapters/jax1").json()["adapters"] == {}
 
 
 def test_full_base_weights_over_gloo_change_outputs(vllm_engine, sender, reference_model):
