@@ -233,7 +233,8 @@ def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_m
         backend.optim_step("jax", AdamParams(learning_rate=0.05))
     backend.save_sampler_weights("jax", tmp_path / "sampler")
     named, spec = read_adapter(tmp_path / "sampler"), lora_spec(tmp_path / "sampler")
-    assert push(vllm_engine, sender, named, adapter="jax1", lora=spec.model_dump())["num_tensors"] == len(named)
+    pushed = push(vllm_engine, sender, named, adapter="jax1", lora=spec.model_dump())
+    assert pushed["num_tensors"] == len(named)
     vllm_engine.post("/weights/finish", {"version": "j1", "adapter": "jax1"})
 
     body = {"prompt_token_ids": PROMPT, "max_tokens": 8, "temperature": 0.0, "stop_at_eos": False,
