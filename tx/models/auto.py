@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def is_vision_language(model_dir: Path) -> bool:
@@ -12,7 +15,7 @@ def is_vision_language(model_dir: Path) -> bool:
     return "vision_config" in json.loads((Path(model_dir) / "config.json").read_text())
 
 
-def load_pretrained(model_dir: Path, **kwargs: Any):
+def load_pretrained(model_dir: Path, **kwargs: Any) -> PreTrainedModel:
     """`from_pretrained` with AutoModelForImageTextToText for a vision-language model (Qwen2-VL, Qwen2.5-VL,
     Qwen3-VL: their generation class), AutoModelForCausalLM otherwise."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText

@@ -161,7 +161,7 @@ def write_tiny_text_model(directory: Path, preset: str = "tiny", seed: int = 0) 
     config = _qwen3_config(shape, ids)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(torch.float32)
+        model = Qwen3ForCausalLM(config).to(torch.float32)  # pyright: ignore[reportArgumentType]  (transformers hides .to's self)
     generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )

@@ -104,7 +104,7 @@ def write_tiny_vlm(directory: Path, seed: int = 0) -> Path:
     config = _qwen3_vl_config(ids)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config).to(torch.float32)
+        model = Qwen3VLForConditionalGeneration(config).to(torch.float32)  # pyright: ignore[reportArgumentType]
     config.save_pretrained(str(directory))
     GenerationConfig(
         bos_token_id=ids[PAD_TOKEN], eos_token_id=ids[EOS_TOKEN], pad_token_id=ids[PAD_TOKEN]

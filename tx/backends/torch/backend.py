@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,6 +53,9 @@ from tx.types import (
     OptimStepResult,
     UserError,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +99,7 @@ class TorchBackend(TrainingBackend):
 
     def _host(self, base_model: str) -> AdapterHost:
         if base_model not in self._hosts:
-            dtype = getattr(torch, str(self.settings.dtype))
+            dtype = self._torch_dtype()
             checkpointing = bool(self.settings.gradient_checkpointing)
             model = load_causal_lm(self._paths[base_model], self.device, dtype, checkpointing)
             self._hosts[base_model] = AdapterHost(model)
@@ -104,7 +107,11 @@ class TorchBackend(TrainingBackend):
             logger.info("%s: micro-batches of up to %d tokens", base_model, self._budgets[base_model])
         return self._hosts[base_model]
 
-    def _budget(self, model: torch.nn.Module, dtype: torch.dtype, checkpointing: bool) -> int:
+    def _torch_dtype(self) -> torch.dtype:
+        """The base weights' dtype (the settings are resolved for the device)."""
+        return getattr(torch, str(self.settings.dtype))
+
+    def _budget(self, model: PreTrainedModel, dtype: torch.dtype, checkpointing: bool) -> int:
         if self.settings.micro_batch_tokens is not None:
             return self.settings.micro_batch_tokens
         if self.device.type == "cuda":

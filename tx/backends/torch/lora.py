@@ -12,6 +12,7 @@ import secrets
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import cast
 
 import peft
 import torch
@@ -86,7 +87,8 @@ class AdapterHost:
     def activate(self, name: str) -> None:
         """Make `name` the adapter of the next passes (and the only one that requires grads)."""
         if self._active != name:
-            self.peft_model.base_model.set_adapter(name)
+            tuner = cast(peft.LoraModel, self.peft_model.base_model)  # a LoRA-only PeftModel's tuner
+            tuner.set_adapter(name)
             self._active = name
 
     def parameters(self, name: str) -> dict[str, torch.nn.Parameter]:
@@ -104,7 +106,9 @@ class AdapterHost:
         return get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
 
     def peft_config(self, name: str) -> peft.LoraConfig:
-        return self.peft_model.peft_config[name]
+        config = self.peft_model.peft_config[name]
+        assert isinstance(config, peft.LoraConfig), "every adapter here is a LoRA"
+        return config
 
     def hidden_states(
         self,
@@ -140,4 +144,7 @@ class AdapterHost:
     @property
     def unembedding(self) -> torch.nn.Module:
         """The output projection (`lm_head`), wrapped by PEFT when a run trains it (`train_unembed`)."""
-        return self.model.get_output_embeddings()
+        unembedding = self.model.get_output_embeddings()
+        if unembedding is None:
+            raise RuntimeError(f"{type(self.model).__name__} has no output embeddings (lm_head)")
+        return unembedding

@@ -9,8 +9,12 @@ fixed O(chunk x vocab), covered by the reserve. The estimate is deliberately gen
 from __future__ import annotations
 
 import gc
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 MIN_TOKENS, MAX_TOKENS = 1024, 256 * 1024
 RESERVE_SHARE = 0.25  # of free memory kept back: allocator fragmentation, optimizer state, engines waking
@@ -43,7 +47,7 @@ def cuda_micro_batch_tokens(free_bytes: int, per_token: int) -> int:
 
 
 def default_cuda_budget(
-    model: torch.nn.Module, device: torch.device, dtype: torch.dtype, checkpointing: bool
+    model: PreTrainedModel, device: torch.device, dtype: torch.dtype, checkpointing: bool
 ) -> int:
     """The CUDA micro-batch budget for `model`, already loaded on `device`."""
     config = model.config.get_text_config()

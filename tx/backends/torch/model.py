@@ -49,7 +49,7 @@ def load_causal_lm(
     attention = attention_implementation(device, dtype)
     logger.info("loading base model %s on %s (%s, %s attention)", path, device, dtype, attention)
     model = load_pretrained(path, dtype=dtype, attn_implementation=attention)
-    model.to(device)
+    model.to(device)  # pyright: ignore[reportArgumentType]  (transformers wraps .to with functools.wraps, which hides self)
     model.eval()
     model.requires_grad_(False)
     if checkpointing:

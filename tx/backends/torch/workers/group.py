@@ -33,9 +33,11 @@ class WorkerGroup(Protocol):
 
     def call(self, messages: dict[int, Message]) -> dict[int, tuple[Reply, bytes]]:
         """Send each rank its message and wait for all their replies; WorkerDied if a worker is lost."""
+        ...
 
     def close(self, *, kill: bool = False) -> None:
         """Stop every worker; `kill` when the group is broken (its workers may be blocked in a collective)."""
+        ...
 
 
 def start_group(group: WorkerGroup, host: str) -> WorkerGroup:

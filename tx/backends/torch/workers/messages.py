@@ -44,6 +44,7 @@ Op = Literal[
 ]
 _LENGTH = struct.Struct(">Q")
 _DTYPES = {"float32", "float64", "float16", "int64", "int32", "bool"}
+ErrorKind = Literal["", "user", "not_found", "conflict", "server"]  # how the API process maps a failure
 
 
 class WireArray(BaseModel):
@@ -195,7 +196,7 @@ class Request(BaseModel):
 class Reply(BaseModel):
     ok: bool = True
     error: str = ""
-    error_kind: Literal["", "user", "not_found", "conflict", "server"] = ""
+    error_kind: ErrorKind = ""
     metrics: dict[str, float] = Field(default_factory=dict)
     outputs: list[dict[str, WireArray]] = Field(default_factory=list)
     optimizer_meta: dict[str, Any] | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from tx.backends.torch.workers.group import ERROR_GRACE_S, WorkerDied, blocked_after_error
 from tx.backends.torch.workers.messages import Reply, Request, WorkerSpec
@@ -54,13 +54,14 @@ class RayWorkers:
             mine = spec.model_copy(update={"threads": threads}).model_dump_json()
             self._actors.append(actor_class.options(max_restarts=0, **placed).remote(rank, mine))
         try:
-            self.host = ray.get(self._actors[0].node_ip.remote(), timeout=STARTUP_TIMEOUT_S)
+            self.host = cast(str, ray.get(self._actors[0].node_ip.remote(), timeout=STARTUP_TIMEOUT_S))
         except Exception as exc:
             self.close()
             raise WorkerDied(f"trainer workers did not start as Ray actors: {exc}") from exc
 
     def call(self, messages: dict[int, tuple[Request, bytes]]) -> dict[int, tuple[Reply, bytes]]:
         ray = import_ray()
+        from ray.exceptions import RayActorError
         refs = {
             rank: self._actors[rank].handle.remote(request.model_dump_json(), payload)
             for rank, (request, payload) in messages.items()
@@ -75,7 +76,7 @@ class RayWorkers:
             rank = next(r for r, ref in refs.items() if ref == done[0])
             try:
                 text, out = ray.get(done[0])
-            except ray.exceptions.RayActorError as exc:
+            except RayActorError as exc:
                 raise WorkerDied(f"trainer worker {rank} (a Ray actor) died: {exc}") from exc
             replies[rank] = Reply.model_validate_json(text), out
             if not replies[rank][0].ok and failed_at is None:

@@ -58,7 +58,7 @@ class ShardedTorchBackend(TorchBackend):
         larger than one GPU never lands whole on one."""
         if base_model not in self._hosts:
             dtype, checkpointing = (
-                getattr(torch, self.settings.dtype),
+                self._torch_dtype(),
                 bool(self.settings.gradient_checkpointing),
             )
             model = load_causal_lm(self._paths[base_model], torch.device("cpu"), dtype, checkpointing)
@@ -81,7 +81,7 @@ class ShardedTorchBackend(TorchBackend):
                 module.set_force_sum_reduction_for_comms(True)
         run.params = host.parameters(run.adapter)  # FSDP replaced them with sharded ones
         run.optimizer = new_optimizer(run.params.values())
-        dtype, checkpointing = getattr(torch, self.settings.dtype), bool(self.settings.gradient_checkpointing)
+        dtype, checkpointing = self._torch_dtype(), bool(self.settings.gradient_checkpointing)
         self._budgets[base_model] = self._budget(
             host.model, dtype, checkpointing
         )  # with 1/N of the model here

@@ -21,12 +21,17 @@ import torch.distributed as dist
 
 from tx.backends.torch.workers import tensors
 from tx.backends.torch.settings import TrainerSettings
-from tx.backends.torch.workers.messages import Reply, Request, WireArray, WorkerSpec, read_frame, write_frame
+from tx.backends.torch.workers.messages import (
+    ErrorKind, Reply, Request, WireArray, WorkerSpec, read_frame, write_frame,
+)
 from tx.backends.torch.workers.sharded import ShardedTorchBackend
 from tx.logging import init_logging
 from tx.types import ConflictError, NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
+ERROR_KINDS: dict[type[Exception], ErrorKind] = {
+    UserError: "user", NotFoundError: "not_found", ConflictError: "conflict",
+}
 GROUP_TIMEOUT = datetime.timedelta(minutes=30)
 
 
@@ -39,14 +44,14 @@ class Worker:
         self.trainer = TrainerSettings(**spec.trainer)
         if spec.threads:
             torch.set_num_threads(spec.threads)
-        self._store: dist.TCPStore | None = None
+        self._store: dist.TCPStore | None = None  # pyright: ignore[reportPrivateImportUsage]  (torch re-exports it without marking it)
         self._runs: dict[str, ShardedTorchBackend] = {}
 
     def handle(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
         try:
             return self._dispatch(request, payload)
         except (UserError, NotFoundError, ConflictError) as exc:
-            kind = {UserError: "user", NotFoundError: "not_found", ConflictError: "conflict"}[type(exc)]
+            kind = ERROR_KINDS[type(exc)]
             return Reply(ok=False, error=str(exc), error_kind=kind), b""
         except Exception as exc:  # noqa: BLE001 - reported to the API process, which fails the call
             logger.exception("worker %d: %s failed", self.rank, request.op)
@@ -104,13 +109,15 @@ class Worker:
 
     def _open_store(self, host: str) -> str:
         """Rank 0: a TCPStore on a free port of `host`; its address for the other ranks."""
-        self._store = dist.TCPStore(host, 0, self.world_size, is_master=True, wait_for_workers=False)
+        self._store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
+            host, 0, self.world_size, is_master=True, wait_for_workers=False
+        )
         return f"{host}:{self._store.port}"
 
     def _join(self, address: str) -> None:
         host, port = address.rsplit(":", 1)
         if self._store is None:
-            self._store = dist.TCPStore(host, int(port), self.world_size, is_master=False)
+            self._store = dist.TCPStore(host, int(port), self.world_size, is_master=False)  # pyright: ignore[reportPrivateImportUsage]
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
