@@ -1,0 +1,3 @@
+class Recipient:
+    @classmethod
+    def from_str(cls, v: str) -> Recipient: ...
