@@ -48,7 +48,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-tensor-parallel-size", type=int, help="GPUs per vLLM engine (default 1)")
     p.add_argument("--engine-memory-share", type=float, help="share of GPU memory per vLLM engine")
     p.add_argument("--engine-dtype", choices=("float32", "bfloat16", "float16"),
-                   help="vLLM engine dtype (default: the trainer's, --train-dtype)")
+                   help="engine dtype (default: the trainer's, --train-dtype)")
     p.add_argument(
         "--engine-colocate", action=argparse.BooleanOptionalAction, default=None,
         help="engines share the trainer's accelerator and sleep during training (default: on with a GPU)",
@@ -134,7 +134,7 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-adapters", type=int, default=8, help="weight versions kept loaded (default 8)")
     p.add_argument("--device", default="auto", help="embedded engine: auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                   help="vLLM engine dtype (default float32, the trainer's)")
+                   help="engine dtype (default float32; give the trainer's --train-dtype)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine: GPUs (default 1)")
     p.add_argument("--max-model-len", type=int, help="vLLM engine: --max-model-len")
     p.add_argument("--vllm-url",

@@ -132,8 +132,8 @@ class Settings(BaseSettings):
     )
     engine_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None,
-        description="Weights and compute dtype of vLLM engines. Default: the trainer's (--train-dtype), so "
-        "sampled logprobs match the trainer's. (The embedded engine is float32.)",
+        description="Base weights' dtype of engines (embedded and vLLM). Default: the trainer's "
+        "(--train-dtype), so sampled logprobs match the trainer's.",
     )
     engine_colocate: bool | None = Field(
         None,

@@ -121,9 +121,10 @@ def build_launcher(settings: Settings, num_engines: int, colocate: bool) -> Laun
     secret = _secret(settings) or secrets.token_urlsafe(32)
     work_dir = settings.data_dir / "engines"
     tp = settings.engine_tensor_parallel_size
-    options: dict[str, Any] = {"max_adapters": settings.engine_max_adapters}
+    options: dict[str, Any] = {"max_adapters": settings.engine_max_adapters,
+                               "dtype": settings.resolved_engine_dtype}
     if settings.engine == "vllm":
-        options.update(dtype=settings.resolved_engine_dtype, gpu_memory_utilization=settings.engine_memory_share,
+        options.update(gpu_memory_utilization=settings.engine_memory_share,
                        extra_args=["--tensor-parallel-size", str(tp)])
     if settings.ray_address is None:
         if settings.engine == "vllm":

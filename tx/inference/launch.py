@@ -62,13 +62,15 @@ class LocalLauncher:
     """Starts embedded engines as child processes bound to loopback."""
 
     def __init__(self, work_dir: Path, secret: str, *, host: str = "127.0.0.1", device: str = "auto",
-                 max_adapters: int = 8, startup_timeout_s: float = 300.0) -> None:
-        """`device`: where every engine runs (auto: the first CUDA GPU if any, else cpu)."""
+                 max_adapters: int = 8, dtype: str = "float32", startup_timeout_s: float = 300.0) -> None:
+        """`device`: where every engine runs (auto: the first CUDA GPU if any, else cpu); `dtype`: their base
+        weights' (tx serve passes the trainer's)."""
         self.work_dir = work_dir
         self.secret = secret
         self.host = host
         self.device = device
         self.max_adapters = max_adapters
+        self.dtype = dtype
         self.startup_timeout_s = startup_timeout_s
 
     async def start(self, name: str, model_dir: Path) -> EngineProcess:
@@ -78,7 +80,7 @@ class LocalLauncher:
         config = EmbeddedEngineConfig(
             model_dir=model_dir, cluster_secret=self.secret, host=self.host, port=0,
             ready_file=run_dir / "ready.json", stash_dir=run_dir / "stash", max_adapters=self.max_adapters,
-            device=self.device,
+            device=self.device, dtype=self.dtype,
         )
         try:
             process, url = await asyncio.to_thread(

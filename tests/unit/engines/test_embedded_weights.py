@@ -107,3 +107,27 @@ def test_cuda_ipc_push_into_a_cpu_engine_is_a_clear_conflict(engine):
     answer = engine.post(ROUTE_WEIGHTS_UPDATE_IPC, body, expect=409)
     assert "CUDA IPC" in answer["detail"] and "cpu" in answer["detail"]
     assert engine.health()["weight_transports"] == ["gloo"]
+
+
+def test_bf16_engine_keeps_pushed_lora_in_float32(tiny_model_dir, reference_model, tmp_path):
+    """A bf16 engine (the trainer's dtype) holds its base in bf16 and a pushed adapter in float32, as the
+    trainer does, through sleep and wake."""
+    from tx.inference.engines.embedded.weights import Weights
+    from tx.inference.protocol import LoraSpec
+
+    weights = Weights(tiny_model_dir, max_adapters=2, stash_dir=tmp_path, device="cpu", dtype="bfloat16")
+    _, named, lora = make_adapter(reference_model, seed=1)
+    weights.load_adapter("a", LoraSpec(**lora), dict(named))
+
+    def dtypes() -> tuple[set[torch.dtype], set[torch.dtype]]:
+        params = dict(weights.model.named_parameters())
+        return ({p.dtype for n, p in params.items() if "lora_" not in n},
+                {p.dtype for n, p in params.items() if "lora_" in n})
+
+    assert dtypes() == ({torch.bfloat16}, {torch.float32})
+    weights.sleep(1)
+    weights.wake(None)
+    assert dtypes() == ({torch.bfloat16}, {torch.float32})
+    lora_b = next(p for n, p in weights.model.named_parameters() if "lora_B" in n)
+    assert lora_b.abs().sum() > 0, "the pushed values landed"
+    weights.close()

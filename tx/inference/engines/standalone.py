@@ -37,7 +37,7 @@ class StandaloneEngine:
     ready_file: Path | None = None
     max_adapters: int = 8
     device: str = "auto"  # embedded only
-    dtype: str = "float32"  # vLLM only
+    dtype: str = "float32"
     tensor_parallel_size: int = 1  # vLLM only
     max_model_len: int | None = None  # vLLM only
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine
@@ -47,7 +47,7 @@ class StandaloneEngine:
         """The embedded engine's config (the model resolved to its directory)."""
         from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 
-        return EmbeddedEngineConfig(**self._common(secret), device=self.device)
+        return EmbeddedEngineConfig(**self._common(secret), device=self.device, dtype=self.dtype)
 
     def vllm_config(self, secret: str) -> VllmEngineConfig:
         """The vLLM engine's config (the model resolved to its directory)."""

@@ -122,7 +122,7 @@ class RayLauncher:
                  address: str | None = None, work_dir: Path | None = None, host: str | None = None,
                  max_adapters: int = 8, log_level: str = "info", startup_timeout_s: float = 300.0,
                  placement_timeout_s: float = 60.0, stop_timeout_s: float = 10.0, **engine_options: Any) -> None:
-        """`engine_options`: more fields of the engine's config (embedded: num_threads; vLLM: dtype,
+        """`engine_options`: more fields of the engine's config (embedded: dtype, num_threads; vLLM: dtype,
         max_lora_rank, gpu_memory_utilization, extra_args such as `--tensor-parallel-size`, ...)."""
         if engine == "vllm":
             from tx.inference.engines.vllm import require_vllm

@@ -1,9 +1,10 @@
 """The engine's weights: the base model, its LoRA adapters, sleep and wake.
 
 Design / who owns what:
-- `Weights` owns the one model (a transformers causal LM, fp32, sdpa, on `device`: the cpu or one GPU) and,
-  once an adapter arrives, the PEFT `PeftModel` wrapped around it: several LoRA adapters live on one base
-  model and `activate` picks the one a batch uses (or disables them all for the base).
+- `Weights` owns the one model (a transformers causal LM, base weights in the engine's dtype, sdpa, on
+  `device`: the cpu or one GPU) and, once an adapter arrives, the PEFT `PeftModel` wrapped around it:
+  several LoRA adapters (float32 on any base) live on one base model and `activate` picks the one a batch
+  uses (or disables them all for the base).
 - Every use or change of the model happens under `lock` (an RLock): the scheduler holds it for one forward,
   weight updates for one tensor or one adapter, sleep for the whole offload.
 - Sleep level 1 stashes every parameter (adapters included) to a private safetensors file and frees it from
@@ -35,11 +36,14 @@ _UNSET = object()
 ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
 
 
-def load_model(model_dir: Path, device: torch.device | None = None) -> torch.nn.Module:
-    """The causal LM (or vision-language model) in `model_dir`, fp32, sdpa, frozen, on `device` (cpu)."""
+def load_model(
+    model_dir: Path, device: torch.device | None = None, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """The causal LM (or vision-language model) in `model_dir`, base weights in `dtype`, sdpa, frozen, on
+    `device` (cpu)."""
     from tx.models.auto import load_pretrained
 
-    model = load_pretrained(model_dir, dtype=torch.float32, attn_implementation=_gqa_sdpa())
+    model = load_pretrained(model_dir, dtype=dtype, attn_implementation=_gqa_sdpa())
     model.eval().requires_grad_(False)
     if device is None or device.type == "cpu":
         _materialize(model)
@@ -117,17 +121,21 @@ class Weights:
     """The model and adapters one engine serves, and their sleep state."""
 
     def __init__(
-        self, model_dir: Path, max_adapters: int, stash_dir: Path | None = None, device: str = "cpu"
+        self, model_dir: Path, max_adapters: int, stash_dir: Path | None = None, device: str = "cpu",
+        dtype: str = "float32",
     ) -> None:
+        """`dtype`: the base weights' ("bfloat16", ...), as the trainer's; LoRA adapters are float32 on any
+        base (PEFT's adapter autocast, as in the trainer); logits are cast to float32 before log_softmax."""
         self.model_dir = Path(model_dir)
+        self.dtype: torch.dtype = getattr(torch, dtype)
         self.max_adapters = max_adapters
         self.stash_dir = stash_dir
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # this thread's; the scheduler loop runs on it in the engine
         self.lock = threading.RLock()
-        self.model: torch.nn.Module | None = load_model(self.model_dir, self.device)
-        logger.info("model %s loaded on %s", self.model_dir, self.device)
+        self.model: torch.nn.Module | None = load_model(self.model_dir, self.device, self.dtype)
+        logger.info("model %s loaded on %s (%s)", self.model_dir, self.device, self.dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
         config = self.model.config.get_text_config()  # a vision-language model's language part
         self.vocab_size: int = config.vocab_size
@@ -309,7 +317,7 @@ class Weights:
         self._active = _UNSET
 
     def _reload(self) -> None:
-        self.model = load_model(self.model_dir, self.device)
+        self.model = load_model(self.model_dir, self.device, self.dtype)
         self._active = _UNSET
 
     def _require_awake(self) -> None:
