@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tx.inference.engines.config import EngineDtype
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.process import stop_engine
 from tx.inference.engines.process import engine_kind, start_logged
@@ -62,7 +63,8 @@ class LocalLauncher:
     """Starts embedded engines as child processes bound to loopback."""
 
     def __init__(self, work_dir: Path, secret: str, *, host: str = "127.0.0.1", device: str = "auto",
-                 max_adapters: int = 8, dtype: str = "float32", startup_timeout_s: float = 300.0) -> None:
+                 max_adapters: int = 8, dtype: EngineDtype = "float32",
+                 startup_timeout_s: float = 300.0) -> None:
         """`device`: where every engine runs (auto: the first CUDA GPU if any, else cpu); `dtype`: their base
         weights' (tx serve passes the trainer's)."""
         self.work_dir = work_dir
@@ -70,7 +72,7 @@ class LocalLauncher:
         self.host = host
         self.device = device
         self.max_adapters = max_adapters
-        self.dtype = dtype
+        self.dtype: EngineDtype = dtype
         self.startup_timeout_s = startup_timeout_s
 
     async def start(self, name: str, model_dir: Path) -> EngineProcess:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
+    from tx.inference.engines.config import EngineDtype
     from tx.inference.engines.embedded.config import EmbeddedEngineConfig
     from tx.inference.engines.vllm.config import VllmEngineConfig
 
@@ -37,7 +38,7 @@ class StandaloneEngine:
     ready_file: Path | None = None
     max_adapters: int = 8
     device: str = "auto"  # embedded only
-    dtype: str = "float32"
+    dtype: EngineDtype = "float32"
     tensor_parallel_size: int = 1  # vLLM only
     max_model_len: int | None = None  # vLLM only
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine
