@@ -8,6 +8,8 @@ the same weights the same way.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +47,7 @@ def adam_step(lora, grads, state, adam: AdamParams):
     return lora, state, {"grad_norm": float(norm), "learning_rate": adam.learning_rate}
 
 
-def moments(state) -> tuple[object, object, int]:
+def moments(state) -> tuple[Any, Any, int]:  # (pytrees of arrays, an int)
     """(first moments, second moments, step count) of an AdamW state."""
     adam = state.inner_state[0]
     return adam.mu, adam.nu, int(adam.count)
@@ -55,5 +57,5 @@ def with_moments(state, mu, nu, count: int):
     """`state` with its AdamW moments and step count replaced (adamw = scale_by_adam, then decay and lr)."""
     adam, *rest = state.inner_state
     assert isinstance(adam, optax.ScaleByAdamState), type(adam)
-    count = jnp.asarray(count, jnp.int32)
-    return state._replace(count=count, inner_state=(adam._replace(count=count, mu=mu, nu=nu), *rest))
+    step = jnp.asarray(count, jnp.int32)
+    return state._replace(count=step, inner_state=(adam._replace(count=step, mu=mu, nu=nu), *rest))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from tx.backends.losses import ArrayOps, get_loss
 
 JAX_OPS = ArrayOps(exp=jnp.exp, minimum=jnp.minimum, clip=jnp.clip, stop_gradient=jax.lax.stop_gradient)
 
-Batch = Mapping[str, jax.Array]  # input_ids, targets, mask, inputs (a dict of the loss's float inputs)
+Batch = Mapping[str, Any]  # input_ids, targets, mask: arrays; inputs: a dict of the loss's float input arrays
 
 
 def _loss(lora, base, batch: Batch, scale, config, spec: ModelSpec, loss_name: str):

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -257,7 +257,12 @@ def _restore_grads(run: Run, saved: dict[str, torch.Tensor | None]) -> None:
         param.grad = saved[name]
 
 
-def _check_compatible(run: Run, base_model: str, lora: LoraConfig, directory: Path) -> None:
+class _RunConfig(Protocol):  # what a run of either backend (torch, jax) says of its model
+    base_model: str
+    lora: LoraConfig
+
+
+def _check_compatible(run: _RunConfig, base_model: str, lora: LoraConfig, directory: Path) -> None:
     if base_model != run.base_model:
         raise UserError(f"checkpoint {directory} is for base model {base_model!r}, not {run.base_model!r}")
     mine = (run.lora.rank, run.lora.train_attn, run.lora.train_mlp, run.lora.train_unembed)
