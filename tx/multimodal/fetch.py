@@ -217,7 +217,8 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
 
     def connect(self) -> None:
         sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        context = self._context  # pyright: ignore[reportAttributeAccessIssue]  (HTTPSConnection's; typeshed omits it)
+        self.sock = context.wrap_socket(sock, server_hostname=self.host)
 
 
 def _get(target: _Target, max_bytes: int, deadline: float) -> tuple[int, str | None, bytes]:

@@ -11,9 +11,13 @@ import contextlib
 import os
 import socket
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:  # where torch defines them (torch.distributed re-exports them without marking it)
+    from torch._C._distributed_c10d import Store
 
 from tx.inference.weight_sync.transport import local_address_towards
 from tx.inference.weight_sync.types import TransferInit, WeightSyncError
@@ -43,14 +47,14 @@ class TransferGroup:
         self.init = init
         self.rank = rank
         self.timeout = timedelta(seconds=init.timeout_s)
-        self._store: dist.Store | None = None
+        self._store: Store | None = None
         self._backend: dist.ProcessGroup | None = None
 
     def join(self, device: torch.device) -> None:
         """Rendezvous with every rank, then run one tiny broadcast so that joining means working."""
         init = self.init
         try:
-            self._store = dist.TCPStore(
+            self._store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  (torch re-exports it unmarked)
                 init.master_address,
                 init.master_port,
                 init.world_size,
@@ -58,7 +62,7 @@ class TransferGroup:
                 timeout=self.timeout,
                 wait_for_workers=False,
             )
-            store = dist.PrefixStore(init.group_name, self._store)
+            store = dist.PrefixStore(init.group_name, self._store)  # pyright: ignore[reportPrivateImportUsage]
             with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 self._backend = _make_backend(init, store, self.rank, self.timeout)
                 self.broadcast(torch.zeros(1, dtype=torch.uint8, device=device))
@@ -118,10 +122,10 @@ class TransferGroup:
 
 
 def _make_backend(
-    init: TransferInit, store: dist.Store, rank: int, timeout: timedelta
+    init: TransferInit, store: Store, rank: int, timeout: timedelta
 ) -> dist.ProcessGroup:
     if init.backend == "gloo":
-        options = dist.ProcessGroupGloo._Options()
+        options = dist.ProcessGroupGloo._Options()  # pyright: ignore[reportAttributeAccessIssue]  (not in torch's stubs)
         options._timeout = timeout
         options._devices = [_gloo_device(init.master_address) for _ in range(GLOO_DEVICES)]
         options._threads = GLOO_STREAMS

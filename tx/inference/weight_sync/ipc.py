@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator, Sequence
+from typing import Any, cast
 
 import torch
 
@@ -135,7 +136,7 @@ def _unb64(text: str | None) -> bytes | None:
 def _handle_of(buffer: torch.Tensor) -> CudaIpcHandle:
     from torch.multiprocessing.reductions import reduce_tensor
 
-    _, args = reduce_tensor(buffer)
+    _, args = cast("tuple[object, tuple[Any, ...]]", reduce_tensor(buffer))  # a CUDA tensor's rebuild args
     (_, _, _, _, _, _, device, handle, size, offset, _, ref_handle, ref_offset, event, event_sync) = args
     return CudaIpcHandle(
         device_uuid=cuda_device_uuid(device),
