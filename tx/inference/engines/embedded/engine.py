@@ -166,7 +166,7 @@ def _placement(device: torch.device) -> dict:
     transports: list[Transport] = ["gloo"]
     gpu_uuid = None
     if device.type == "cuda":
-        transports += ["nccl", "ipc"]
+        transports.extend(("nccl", "ipc"))
         gpu_uuid = cuda_device_uuid(device.index)
     return {"device": str(device), "gpu_uuid": gpu_uuid, "hostname": socket.gethostname(),
             "weight_transports": transports}

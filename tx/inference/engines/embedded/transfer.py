@@ -23,7 +23,9 @@ import time
 import torch
 
 from tx.inference.engines.embedded.weights import Weights
-from tx.inference.protocol import IpcWeightsUpdateRequest, WeightsUpdateRequest, WeightsUpdateResponse
+from tx.inference.protocol import (
+    IpcWeightsUpdateRequest, TransferState, WeightsUpdateRequest, WeightsUpdateResponse,
+)
 from tx.inference.weight_sync import BroadcastReceiver, IpcReceiver, TransferInit
 from tx.types import ConflictError, UserError
 
@@ -35,7 +37,7 @@ class WeightReceiver:
 
     def __init__(self, weights: Weights) -> None:
         self.weights = weights
-        self.state = "none"
+        self.state: TransferState = "none"
         self._receiver: BroadcastReceiver | None = None
         self._thread: threading.Thread | None = None
         self._init: TransferInit | None = None
@@ -48,12 +50,13 @@ class WeightReceiver:
             self.close()
             self._init, self._error, self.state = init, None, "connecting"
             self._receiver = BroadcastReceiver(init, rank=init.rank_offset, device=self.weights.device)
-            self._thread = threading.Thread(target=self._connect, name="tx-engine-weights-init", daemon=True)
+            self._thread = threading.Thread(target=self._connect, args=(self._receiver,),
+                                            name="tx-engine-weights-init", daemon=True)
             self._thread.start()
 
-    def _connect(self) -> None:
+    def _connect(self, receiver: BroadcastReceiver) -> None:
         try:
-            self._receiver.connect()
+            receiver.connect()
             self.state = "ready"
         except BaseException as exc:  # reported on the next update and in /health
             logger.exception("joining the weight transfer group failed")
@@ -109,14 +112,14 @@ class WeightReceiver:
             return {}
 
     def _apply(self, request: WeightsUpdateRequest | IpcWeightsUpdateRequest, received) -> int:
-        if request.adapter is None:
+        if request.adapter is None or request.lora is None:  # both or neither (validated)
             return self._apply_base(received, self.weights.base_parameters())
         tensors = dict(received)
         self.weights.load_adapter(request.adapter, request.lora, tensors)
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def _wait_connected(self) -> BroadcastReceiver:
-        if self._thread is None or self._init is None:
+        if self._thread is None or self._init is None or self._receiver is None:
             raise ConflictError("no weight transfer group: POST /weights/init first")
         self._thread.join(timeout=self._init.timeout_s)
         if self.state != "ready":
