@@ -202,7 +202,7 @@ class DecodeBatch:
 
     def select_rows(self, indices: Sequence[int]) -> None:
         """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row)."""
-        assert self.mask is not None and self.positions is not None
+        assert self.mask is not None and self.positions is not None and self.cache is not None  # after prefill
         index = torch.tensor(indices, dtype=torch.long, device=self.mask.device)
         self.cache.batch_select_indices(index)
         self.mask = self.mask[index]
