@@ -25,6 +25,7 @@ def test_tx_type_checks_clean(tmp_path: Path) -> None:
         pytest.fail("basedpyright is not installed: pip install -e '.[dev]'")
     baseline = tmp_path / "baseline.json"  # a copy: basedpyright rewrites its baseline when errors go away
     shutil.copy(ROOT / ".basedpyright" / "baseline.json", baseline)
-    run = subprocess.run([checker, "--pythonpath", sys.executable, "--baselinefile", str(baseline)], cwd=ROOT,
+    run = subprocess.run([checker, "--project", str(ROOT / "pyproject.toml"), "--pythonpath", sys.executable,
+                          "--baselinefile", str(baseline)], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
