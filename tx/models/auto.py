@@ -1,4 +1,5 @@
-"""Which transformers class loads a model directory: a causal LM, or a vision-language model."""
+"""Loading a model directory: which transformers class (a causal LM, or a vision-language model), and the
+one way tx loads a frozen base model (the trainer and the embedded engine differ only in the parameters)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
 
 
@@ -22,3 +24,21 @@ def load_pretrained(model_dir: Path, **kwargs: Any) -> PreTrainedModel:
 
     auto = AutoModelForImageTextToText if is_vision_language(model_dir) else AutoModelForCausalLM
     return auto.from_pretrained(str(model_dir), **kwargs)
+
+
+def load_frozen(model_dir: Path, device: torch.device, dtype: torch.dtype, attn_implementation: str, *,
+                private_copy: bool = False) -> PreTrainedModel:
+    """The model in `model_dir` with base weights in `dtype` on `device`, frozen (no gradients) and in eval
+    mode (no dropout: every pass is deterministic).
+
+    `private_copy` (on cpu): copy every parameter into private memory. Loaded safetensors are lazily paged
+    views of the file: they would make RSS depend on which rows a forward touched, and change if the file
+    were rewritten in place. On another device `.to(device)` copies anyway."""
+    model = load_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation)
+    model.eval().requires_grad_(False)
+    if private_copy and device.type == "cpu":
+        for param in model.parameters():
+            param.data = param.data.clone()
+    else:
+        model.to(device)  # pyright: ignore[reportArgumentType]  (transformers wraps .to with functools.wraps, which hides self)
+    return model

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
-from tx.models.auto import load_pretrained
+from tx.models.auto import load_frozen
 from tx.types import BaseModelInfo, UserError
 
 logger = logging.getLogger(__name__)
@@ -48,10 +48,7 @@ def load_causal_lm(
     """
     attention = attention_implementation(device, dtype)
     logger.info("loading base model %s on %s (%s, %s attention)", path, device, dtype, attention)
-    model = load_pretrained(path, dtype=dtype, attn_implementation=attention)
-    model.to(device)  # pyright: ignore[reportArgumentType]  (transformers wraps .to with functools.wraps, which hides self)
-    model.eval()
-    model.requires_grad_(False)
+    model = load_frozen(path, device, dtype, attention)
     if checkpointing:
         enable_checkpointing(model)
     return model

@@ -28,28 +28,13 @@ import torch
 
 from tx.devices import resolve_device
 from tx.inference.protocol import LoraSpec, WakeTag
+from tx.models.auto import load_frozen
 from tx.types import ConflictError, NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
 
 _UNSET = object()
 ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
-
-
-def load_model(
-    model_dir: Path, device: torch.device | None = None, dtype: torch.dtype = torch.float32
-) -> torch.nn.Module:
-    """The causal LM (or vision-language model) in `model_dir`, base weights in `dtype`, sdpa, frozen, on
-    `device` (cpu)."""
-    from tx.models.auto import load_pretrained
-
-    model = load_pretrained(model_dir, dtype=dtype, attn_implementation=_gqa_sdpa())
-    model.eval().requires_grad_(False)
-    if device is None or device.type == "cpu":
-        _materialize(model)
-    else:
-        model.to(device)  # copies: private device memory
-    return model
 
 
 _GQA_SDPA = "tx_gqa_sdpa"
@@ -78,13 +63,6 @@ def _gqa_sdpa() -> str:
     AttentionInterface.register(_GQA_SDPA, forward)
     AttentionMaskInterface.register(_GQA_SDPA, sdpa_mask)
     return _GQA_SDPA
-
-
-def _materialize(model: torch.nn.Module) -> None:
-    """Copy every parameter into private memory. Loaded safetensors are lazily paged views of the file: they
-    would make RSS depend on which rows a forward touched, and change if the file were rewritten in place."""
-    for param in model.parameters():
-        param.data = param.data.clone()
 
 
 def load_tokenizer(model_dir: Path):
@@ -134,7 +112,7 @@ class Weights:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # this thread's; the scheduler loop runs on it in the engine
         self.lock = threading.RLock()
-        self.model: torch.nn.Module | None = load_model(self.model_dir, self.device, self.dtype)
+        self.model: torch.nn.Module | None = self._load()
         logger.info("model %s loaded on %s (%s)", self.model_dir, self.device, self.dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
         config = self.model.config.get_text_config()  # a vision-language model's language part
@@ -316,8 +294,12 @@ class Weights:
         self.base_version = None
         self._active = _UNSET
 
+    def _load(self) -> torch.nn.Module:
+        """The base model: frozen, the engine's attention, in private memory on cpu."""
+        return load_frozen(self.model_dir, self.device, self.dtype, _gqa_sdpa(), private_copy=True)
+
     def _reload(self) -> None:
-        self.model = load_model(self.model_dir, self.device, self.dtype)
+        self.model = self._load()
         self._active = _UNSET
 
     def _require_awake(self) -> None:
