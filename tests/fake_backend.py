@@ -3,7 +3,9 @@
 It implements the whole `TrainingBackend` ABC, so a method the core starts calling without the ABC
 declaring it, or an ABC method the fake lacks, fails the tests. Each run's "model" is one number `w`;
 the loss of a batch is `w * tokens` and an optim step moves `w` by the learning rate, so tests can
-check order and effect. Every call is recorded in `calls`.
+check order and effect. Every call is recorded in `calls`. Datums are checked at submission by the
+ABC's own `check_batch` (the real rules, against `INFO`); `failures` makes the next forward_backward calls
+fail as they run, for errors only the trainer finds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from tx.types import (
     LoraConfig,
     NotFoundError,
     OptimStepResult,
-    UserError,
 )
 
 BASE = "fake-base"
@@ -41,6 +42,7 @@ class FakeBackend(TrainingBackend):
         self.calls: list[tuple[str, str]] = []
         self.release = threading.Event()  # cleared: forward_backward blocks until set
         self.release.set()
+        self.failures: list[Exception] = []  # raised, in order, by the next forward_backward calls
         self.closed = False
 
     def training_device(self) -> str:
@@ -75,10 +77,8 @@ class FakeBackend(TrainingBackend):
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         self._require(model_id)
         self.release.wait(30)
-        if batch.loss_fn == "explode":
-            raise RuntimeError("the fake trainer broke")
-        if batch.loss_fn != "cross_entropy":
-            raise UserError(f"unknown loss {batch.loss_fn!r}")
+        if self.failures:
+            raise self.failures.pop(0)
         tokens = sum(len(d.model_input.text_tokens()) for d in batch.data)
         self.calls.append(("forward" if batch.forward_only else "forward_backward", model_id))
         outputs = [{"logprobs": np.zeros(len(d.model_input.text_tokens()), np.float32)} for d in batch.data]

@@ -31,42 +31,49 @@ def tc(server: TxServer) -> Iterator[tinker.TrainingClient]:
     client.close("success")
 
 
-def failure_of(future) -> str:
-    with pytest.raises(tinker.RequestFailedError) as info:
-        future.result(timeout=60)
-    assert info.value.category.value == "user"
-    return str(info.value)
-
-
 def test_unknown_base_model_is_a_clear_4xx(service_client: tinker.ServiceClient) -> None:
     with pytest.raises(tinker.BadRequestError, match="not served here"):
         service_client.create_lora_training_client("no/such-model", rank=4).result()
 
 
+def refusal_of(future) -> str:
+    """The 400 a batch that can never run gets when it is submitted (it never becomes a failed future)."""
+    with pytest.raises(tinker.BadRequestError) as info:
+        future.result(timeout=60)
+    return str(info.value)
+
+
 def test_unknown_loss(tc: tinker.TrainingClient) -> None:
-    message = failure_of(tc.forward_backward([datum([1, 2, 3])], "no_such_loss"))
+    message = refusal_of(tc.forward_backward([datum([1, 2, 3])], "no_such_loss"))
     assert "no_such_loss" in message and "cross_entropy" in message
+
+
+def test_unknown_loss_config_key(tc: tinker.TrainingClient) -> None:
+    message = refusal_of(tc.forward_backward([datum([1, 2, 3])], "cross_entropy", {"beta": 0.1}))
+    assert "beta" in message
 
 
 def test_missing_loss_input(tc: tinker.TrainingClient) -> None:
     bad = datum([1, 2, 3], target_tokens=[2, 3, 4], advantages=[1.0, 1.0, 1.0])
-    assert "logprobs" in failure_of(tc.forward_backward([bad], "importance_sampling"))
+    assert "datum 0" in (message := refusal_of(tc.forward_backward([bad], "importance_sampling")))
+    assert "logprobs" in message
 
 
 def test_misshapen_loss_input(tc: tinker.TrainingClient) -> None:
     bad = datum([1, 2, 3], target_tokens=[2, 3], weights=[1.0, 1.0])
-    message = failure_of(tc.forward_backward([bad], "cross_entropy"))
-    assert "target_tokens" in message
+    message = refusal_of(tc.forward_backward([datum([1, 2]), bad], "cross_entropy"))
+    assert "datum 1" in message and "target_tokens" in message
 
 
 def test_tokens_outside_the_vocabulary(tc: tinker.TrainingClient) -> None:
-    message = failure_of(tc.forward_backward([datum([1, 2, 999_999])], "cross_entropy"))
-    assert "999999" in message
+    message = refusal_of(tc.forward_backward([datum([1, 2, 999_999])], "cross_entropy"))
+    assert "datum 0" in message and "999999" in message
 
 
 def test_sequence_longer_than_the_model_allows(tc: tinker.TrainingClient) -> None:
     too_long = list(np.arange(3000) % 1000)
-    assert "2048" in failure_of(tc.forward([datum(too_long)], "cross_entropy"))
+    message = refusal_of(tc.forward([datum(too_long)], "cross_entropy"))
+    assert "datum 0" in message and "3000 tokens" in message and "2048" in message
 
 
 def test_bad_and_missing_api_keys(server: TxServer) -> None:
@@ -176,16 +183,23 @@ def test_a_gap_in_seq_ids_is_skipped_after_the_timeout(server: TxServer, new_mod
     )
 
 
-@pytest.mark.parametrize("learning_rate", [-1e-3, float("nan"), float("inf")])
-def test_a_call_refused_at_submission_does_not_stall_the_next(
-    server: TxServer, learning_rate: float
-) -> None:
-    """The refused call used up a seq_id; the next call runs at once: the queue never waits out the
-    (3 s) gap timeout for it, which the server would log as a skipped seq_id."""
+REFUSED_CALLS = {
+    "negative learning rate": lambda tc: tc.optim_step(types.AdamParams(learning_rate=-1e-3)),
+    "NaN learning rate": lambda tc: tc.optim_step(types.AdamParams(learning_rate=float("nan"))),
+    "infinite learning rate": lambda tc: tc.optim_step(types.AdamParams(learning_rate=float("inf"))),
+    "over the context": lambda tc: tc.forward_backward([datum([1] * 2049)], "cross_entropy"),
+    "outside the vocabulary": lambda tc: tc.forward_backward([datum([1, 2, 999_999])], "cross_entropy"),
+}
+
+
+@pytest.mark.parametrize("refused", sorted(REFUSED_CALLS))
+def test_a_call_refused_at_submission_does_not_stall_the_next(server: TxServer, refused: str) -> None:
+    """The refused call (a 4xx, not a failed future) used up a seq_id; the next call runs at once: the queue
+    never waits out the (3 s) gap timeout for it, which the server would log as a skipped seq_id."""
     client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
     tc = client.create_lora_training_client(BASE, rank=4).result()
     with pytest.raises((tinker.BadRequestError, tinker.UnprocessableEntityError)):
-        tc.optim_step(types.AdamParams(learning_rate=learning_rate)).result(timeout=30)
+        REFUSED_CALLS[refused](tc).result(timeout=30)
     tc.forward_backward([datum([1, 2, 3])], "cross_entropy").result(timeout=60)
     assert f"model {tc.model_id}: seq_id" not in server.log()
     client.close("success")

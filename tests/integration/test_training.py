@@ -213,5 +213,5 @@ def test_gspo_and_stable_reinforce_raise_the_sampled_tokens(service_client: tink
 
     no_provenance = [types.Datum(model_input=types.ModelInput.from_ints(tokens[0][:-1]),
                                  loss_fn_inputs={"target_tokens": tokens[0][1:], "logprobs": mask, "advantages": mask})]
-    with pytest.raises(tinker.RequestFailedError, match="needs provenance"):
+    with pytest.raises(tinker.BadRequestError, match="needs provenance"):  # refused at submission
         tc.forward_backward(no_provenance, "stable_reinforce").result()

@@ -4,6 +4,8 @@ Design / who owns what:
 
 - The core (`tx/core/`) owns ordering, futures, persistence and checkpoint paths. It calls a
   backend from ONE training thread, one call at a time, so a backend needs no locking of its own.
+  The exceptions are the checks at submission (`base_model_info`, `check_batch`, `check_custom_loss`),
+  which run in request threads: they read only a model's config facts, never a run's state.
 - A backend owns the models on its accelerator: one base model loaded once, shared by every
   LoRA run (an "adapter") created on it, each run with its own optimizer and gradients.
 - Gradients accumulate across `forward_backward` calls until `optim_step`; `forward_only`
@@ -12,6 +14,8 @@ Design / who owns what:
   the directory it is given, which the core then moves into place atomically.
 - Every method raises `tx.types.UserError` for bad input (unknown loss, misshapen inputs,
   tokens outside the vocabulary, sequences that are too long) with a message a user can act on.
+  `check_batch` refuses such a batch before it is queued (`tx/backends/datums.py` holds the rules,
+  which `forward_backward` applies again to the datums as the model sees them).
 
 Backends are chosen by name through `tx.backends.create_backend`, which imports the heavy
 library (torch, jax) only when that backend is asked for.
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tx.backends.datums import DatumRules, check_batch
 from tx.types import (
     AdamParams,
     BaseModelInfo,
@@ -68,6 +73,17 @@ class TrainingBackend(ABC):
     @abstractmethod
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         """Run the loss on every datum; accumulate gradients unless `batch.forward_only`."""
+
+    def check_batch(self, base_model: str, batch: ForwardBackwardInput) -> None:
+        """Refuse, with a UserError naming the datum, a batch that can never run on `base_model`: an unknown
+        loss or config key, a sequence over the context or this server's cap, a token outside the
+        vocabulary, loss inputs of the wrong shape. Called when the request arrives, before it is queued."""
+        check_batch(batch, self.datum_rules(base_model))
+
+    def datum_rules(self, base_model: str) -> DatumRules:
+        """What `base_model` accepts in a datum. This default: text only, up to the model's context; a
+        backend that trains on images or caps sequences says so here."""
+        return DatumRules(self.base_model_info(base_model))
 
     def runs_custom_losses(self) -> bool:
         """Whether `check_custom_loss` accepts graphs (client/config's custom_loss_server_side)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tx.types import ProvenanceSpan, UserError
+from tx.types import ForwardBackwardInput, ProvenanceSpan, UserError
 
 TARGET_KEY = "target_tokens"
 SAMPLED_KEY = "_sampled"  # derived, not sent: 1 at target rows a SampledProvenanceSpan covers
@@ -273,3 +273,20 @@ def get_loss(name: str) -> LossFn:
     if name not in LOSSES:
         raise UserError(f"unsupported loss_fn {name!r}: this server supports {', '.join(LOSSES)}")
     return LOSSES[name]
+
+
+def _no_formula(*_: Any) -> Any:
+    raise AssertionError("a custom loss runs its graph, not a per-token formula")
+
+
+TARGETS_ONLY = LossFn("custom", _no_formula)
+"""A custom loss's datum checks: target_tokens only (its graph checks the inputs it reads when it runs)."""
+
+
+def batch_loss(batch: ForwardBackwardInput) -> tuple[LossFn, dict[str, float]]:
+    """The loss that checks `batch`'s datums, and its config with defaults; a UserError for an unknown loss or
+    config key. A custom loss (attached at submission) takes no config here: its loss_fn_config named it."""
+    if batch.custom_loss is not None:
+        return TARGETS_ONLY, {}
+    loss = get_loss(batch.loss_fn)
+    return loss, loss.resolve_config(batch.loss_fn_config)

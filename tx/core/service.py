@@ -6,6 +6,7 @@ Validation that needs no trainer happens here, at submission, so bad input fails
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import uuid
@@ -202,18 +203,20 @@ class TrainingService:
     def forward_backward(
         self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput
     ) -> Future:
+        run = self.store.get_run(model_id, owner)
         if batch.loss_fn == "custom":
-            batch = self.custom_losses.attach(self.store.get_run(model_id, owner).session_id, batch)
+            batch = self.custom_losses.attach(run.session_id, batch)
         kind = "Forward" if batch.forward_only else "ForwardBackward"
         lease = None if batch.forward_only else self._training_lease
 
-        def run() -> ForwardBackwardResult:
+        def train() -> ForwardBackwardResult:
             result = self.backend.forward_backward(model_id, batch)
             if not batch.forward_only:  # only the training thread writes it
                 self.trained_tokens += sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
             return result
 
-        return self._sequenced(owner, model_id, seq_id, kind, run, lease)
+        check = functools.partial(self.backend.check_batch, run.base_model, batch)
+        return self._sequenced(owner, model_id, seq_id, kind, train, lease, check)
 
     def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
         adam.validate()
@@ -337,7 +340,10 @@ class TrainingService:
     def _sequenced(
         self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
         lease: Callable[[], AbstractContextManager[Any]] | None = None,
+        check: Callable[[], None] | None = None,
     ) -> Future:
+        """Queue `fn` as `model_id`'s call `seq_id`. `check` raises (a UserError) for work that can never run:
+        it is refused here, before a future exists, and the route counts its seq_id as used."""
         run = self.store.get_run(model_id, owner)
         if seq_id < 1:
             raise UserError(f"seq_id must be >= 1, got {seq_id}")
@@ -346,6 +352,8 @@ class TrainingService:
                 f"model {model_id!r} is not loaded on this server (it may have been restarted); "
                 "create a training client from one of its checkpoints"
             )
+        if check is not None:
+            check()
         future, created = self.futures.create(
             owner, kind, ("seq", model_id, seq_id), session_id=run.session_id, track=model_id
         )

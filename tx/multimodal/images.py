@@ -36,10 +36,15 @@ class ImageLimits:
             raise ValueError("image limits must be >= 1")
 
 
-def decode_image(data: bytes, limits: ImageLimits) -> Image:
-    """The RGB image encoded in `data`; a UserError if it is too large, corrupt, or not PNG/JPEG."""
+def check_image_size(data: bytes, limits: ImageLimits) -> None:
+    """The byte cap, before anything is parsed (also checked when a training request arrives)."""
     if len(data) > limits.max_bytes:
         raise UserError(f"image of {len(data)} bytes is over this server's limit of {limits.max_bytes} bytes")
+
+
+def decode_image(data: bytes, limits: ImageLimits) -> Image:
+    """The RGB image encoded in `data`; a UserError if it is too large, corrupt, or not PNG/JPEG."""
+    check_image_size(data, limits)
     from PIL import Image as PILImage
     from PIL import UnidentifiedImageError
 

@@ -52,8 +52,11 @@ def test_out_of_memory_fails_the_request_and_the_server_goes_on(tiny_model_dir, 
 def test_sequences_over_the_cap_are_refused(tiny_model_dir):
     backend = _backend(tiny_model_dir, max_sequence_tokens=10)
     backend.create_model("m", TINY_NAME, LORA)
+    batch = ce(sft_data(seed=0, count=1, length=9) + sft_data(seed=1, count=1, length=12))
     with pytest.raises(UserError, match=r"datum 1: 11 tokens exceed this server's limit of 10"):
-        backend.forward_backward("m", ce(sft_data(seed=0, count=1, length=9) + sft_data(seed=1, count=1, length=12)))
+        backend.check_batch(TINY_NAME, batch)  # at submission
+    with pytest.raises(UserError, match=r"datum 1: 11 tokens exceed this server's limit of 10"):
+        backend.forward_backward("m", batch)
 
 
 def test_cuda_budget_follows_free_memory_and_checkpointing():

@@ -1,4 +1,5 @@
-"""Bad input to the torch backend is a UserError (or NotFound/Conflict) that says what is wrong."""
+"""Bad input to the torch backend is a UserError (or NotFound/Conflict) that says what is wrong; a bad batch
+is refused the same way at submission (`check_batch`) as at execution."""
 
 from __future__ import annotations
 
@@ -29,7 +30,14 @@ def run(backend):
 
 
 def _fb(backend, data, loss_fn="cross_entropy", config=None):
-    return backend.forward_backward("m", ForwardBackwardInput(data, loss_fn, config or {}))
+    """A bad batch, refused at submission (`check_batch`) and at execution with the same UserError."""
+    batch = ForwardBackwardInput(data, loss_fn, config or {})
+    with pytest.raises(UserError) as submitted:
+        backend.check_batch(TINY_NAME, batch)
+    with pytest.raises(UserError) as executed:
+        backend.forward_backward("m", batch)
+    assert str(submitted.value) == str(executed.value)
+    raise executed.value
 
 
 def test_unknown_loss_lists_the_supported_ones(run):

@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fake_backend import BASE, FakeBackend
@@ -50,8 +51,9 @@ class Core:
         assert created.failure is None, created.failure
         return created.result.model_id
 
-    def forward_backward(self, model_id: str, seq_id: int, loss: str = "cross_entropy") -> Future:
-        batch = ForwardBackwardInput([DomainDatum(ModelInput.from_tokens([1, 2, 3]), {})], loss)
+    def forward_backward(self, model_id: str, seq_id: int, tokens: tuple[int, ...] = (1, 2, 3)) -> Future:
+        datum = DomainDatum(ModelInput.from_tokens(tokens), {"target_tokens": np.array(tokens[1:] + (0,))})
+        batch = ForwardBackwardInput([datum], "cross_entropy")
         return self.service.forward_backward(OWNER, model_id, seq_id, batch)
 
 
@@ -99,6 +101,26 @@ def test_a_refused_submission_frees_its_seq_id_at_once(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+@pytest.mark.parametrize("tokens, refusal", [
+    ((1,) * 65, "datum 0: 65 tokens exceed the maximum context length 64"),
+    ((1, 2, 100), r"datum 0: token id 100 is outside the vocabulary \[0, 100\)"),
+])
+def test_a_batch_that_can_never_run_is_refused_before_it_has_a_future(
+    tmp_path: Path, tokens: tuple[int, ...], refusal: str
+) -> None:
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        with pytest.raises(UserError, match=refusal):
+            core.forward_backward(model, 1, tokens)
+        core.service.reject_seq(OWNER, model, 1)  # what the route does with a refused call
+        started = time.monotonic()
+        assert (await core.done(core.forward_backward(model, 2), timeout_s=5)).failure is None
+        assert time.monotonic() - started < 5  # the gap timeout is 30 s
+        assert [c for c, _ in core.backend.calls].count("forward_backward") == 1  # the trainer never saw it
+
+    run(tmp_path, scenario)
+
+
 def test_another_owner_cannot_free_a_seq_id(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()
@@ -133,9 +155,10 @@ def test_a_resubmitted_seq_id_answers_with_the_original_future(tmp_path: Path) -
 def test_failures_carry_their_category(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()
-        user = await core.done(core.forward_backward(model, 1, loss="no_such_loss"))
-        server = await core.done(core.forward_backward(model, 2, loss="explode"))
-        assert user.failure.category is ErrorCategory.USER and "no_such_loss" in user.failure.message
+        core.backend.failures = [UserError("a datum only the trainer refuses"), RuntimeError("the trainer broke")]
+        user = await core.done(core.forward_backward(model, 1))
+        server = await core.done(core.forward_backward(model, 2))
+        assert user.failure.category is ErrorCategory.USER and "only the trainer" in user.failure.message
         assert server.failure.category is ErrorCategory.SERVER and "RuntimeError" in server.failure.message
         assert (await core.done(core.forward_backward(model, 3))).failure is None  # the queue goes on
 

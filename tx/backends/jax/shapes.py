@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tx.backends.datums import DatumRules, check_datum, check_not_empty, text_tokens
 from tx.backends.losses import TARGET_KEY, LossFn
-from tx.backends.torch.batch import _check_targets
-from tx.backends.torch.model import check_tokens
-from tx.types import BaseModelInfo, Datum, UserError
+from tx.types import BaseModelInfo, Datum
 
 MIN_BUCKET = 16
 
@@ -71,21 +70,15 @@ Checked = list[tuple[list[int], dict[str, np.ndarray]]]  # each datum's tokens a
 
 
 def validate(data: list[Datum], loss: LossFn, info: BaseModelInfo) -> Checked:
-    """Each datum's tokens and loss arrays, checked as the torch backend checks them; UserError names
-    the datum."""
-    if not data:
-        raise UserError("forward_backward needs at least one datum")
+    """Each datum's tokens and loss arrays, checked by the rules every backend shares (`datums.py`; this
+    backend trains text models); UserError names the datum."""
+    check_not_empty(data)
+    rules = DatumRules(info)
     checked = []
     for index, datum in enumerate(data):
-        try:
-            tokens = datum.model_input.text_tokens()
-        except UserError as exc:
-            raise UserError(f"datum {index}: {exc} (the jax backend trains text models)") from None
-        check_tokens(tokens, info, index)
-        spans = datum.loss_fn_input_spans
-        arrays = loss.validate_datum(datum.loss_fn_inputs, len(tokens), index, spans)
-        _check_targets(arrays[TARGET_KEY], info, index)
-        checked.append((tokens, arrays))
+        tokens = text_tokens(datum.model_input, index)
+        arrays = check_datum(datum, tokens, len(tokens), loss, rules, index)
+        checked.append((tokens.tolist(), arrays))
     return checked
 
 

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from tx.backends.base import TrainingBackend
-from tx.backends.losses import get_loss
+from tx.backends.datums import DatumRules
+from tx.backends.losses import batch_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.batch import build_micro_batch, prepare_data
 from tx.backends.torch.custom_loss import (
-    TARGETS_ONLY,
     CompiledLoss,
     compile_loss,
     reduce_metrics,
@@ -97,6 +97,10 @@ class TorchBackend(TrainingBackend):
     def served_models(self) -> list[BaseModelInfo]:
         return [self.base_model_info(name) for name in self._paths]
 
+    def datum_rules(self, base_model: str) -> DatumRules:
+        info, model_dir = self.base_model_info(base_model), self._paths[base_model]
+        return DatumRules.of_model_dir(info, model_dir, self.settings.max_sequence_tokens, self._image_limits)
+
     def _host(self, base_model: str) -> AdapterHost:
         if base_model not in self._hosts:
             dtype = self._torch_dtype()
@@ -152,8 +156,7 @@ class TorchBackend(TrainingBackend):
         start = time.perf_counter()
         run = self._run(model_id)
         custom = compile_loss(batch.custom_loss) if batch.custom_loss is not None else None
-        loss_fn = TARGETS_ONLY if custom is not None else get_loss(batch.loss_fn)
-        config = loss_fn.resolve_config({} if custom is not None else batch.loss_fn_config)
+        loss_fn, config = batch_loss(batch)
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
         items = prepare_data(
             batch.data, loss_fn, info, vision, self._image_limits, self.settings.max_sequence_tokens

@@ -1,7 +1,8 @@
 """A request's datums, validated, and a micro-batch of them laid out as the model's input tensors.
 
 `prepare_data` checks every datum (images, tokens, loss inputs) before anything runs, so a bad datum fails
-the request with a UserError that names it. `build_micro_batch` then lays some of those datums into rows
+the request with a UserError that names it. The rules are `tx/backends/datums.py`'s, which the server also
+applies when the request arrives; here they see the datum as the model does, images expanded. `build_micro_batch` then lays some of those datums into rows
 (`plan.py`): packed end to end for text models, one per padded row for vision-language models.
 
 The head works on flat positions, in datum order: datum 0's N_0 positions, then datum 1's, ... (N in all);
@@ -22,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tx.backends.datums import DatumRules, check_datum, check_not_empty, text_tokens
 from tx.backends.losses import TARGET_KEY, LossFn
-from tx.backends.torch.model import check_tokens
 from tx.backends.torch.plan import RowLayout, pack_rows, pad_rows
 from tx.multimodal import ExpandedInput, ImageLimits, VisionProcessor
 from tx.types import BaseModelInfo, Datum, ModelInput, UserError
@@ -96,16 +97,13 @@ def prepare_data(
 
     `vision` is the model's image processor (None for a text-only model, which refuses image chunks);
     `max_tokens` a cap on one datum's length below the model's context (None: the context)."""
-    if not data:
-        raise UserError("forward_backward needs at least one datum")
+    check_not_empty(data)
+    rules = DatumRules(info, max_tokens, takes_images=vision is not None, image_limits=limits)
     prepared = []
     for index, datum in enumerate(data):
         expanded = _expand(datum.model_input, vision, limits, index)
-        check_tokens(expanded.token_ids, info, index, max_tokens)
-        arrays = loss.validate_datum(
-            datum.loss_fn_inputs, len(expanded.token_ids), index, datum.loss_fn_input_spans
-        )
-        _check_targets(arrays[TARGET_KEY], info, index)
+        tokens = np.asarray(expanded.token_ids, dtype=np.int64)
+        arrays = check_datum(datum, tokens, len(tokens), loss, rules, index)
         prepared.append(PreparedDatum(expanded, arrays))
     return prepared
 
@@ -188,9 +186,9 @@ def _row_inputs(
 def _expand(
     model_input: ModelInput, vision: VisionProcessor | None, limits: ImageLimits, index: int
 ) -> ExpandedInput:
+    if vision is None:
+        return ExpandedInput(text_tokens(model_input, index).tolist())
     try:
-        if vision is None:
-            return ExpandedInput(model_input.text_tokens())
         return vision.expand(model_input, limits)
     except UserError as exc:
         raise UserError(f"datum {index}: {exc}") from None
@@ -217,12 +215,3 @@ def _width(shape: tuple[int, ...]) -> int:
 
 def _to(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(array).to(device)
-
-
-def _check_targets(targets: np.ndarray, info: BaseModelInfo, index: int) -> None:
-    if targets.size and (targets.min() < 0 or targets.max() >= info.vocab_size):
-        bad = targets.min() if targets.min() < 0 else targets.max()
-        raise UserError(
-            f"datum {index}: {TARGET_KEY!r} holds token id {bad}, "
-            f"outside the vocabulary [0, {info.vocab_size})"
-        )

@@ -30,14 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import _get_qualified_name
 
-from tx.backends.losses import LossFn
 from tx.types import CustomLoss, UserError
 
-def _no_formula(*_: Any) -> Any:
-    raise AssertionError("a custom loss runs its graph, not a per-token formula")
-
-
-TARGETS_ONLY = LossFn("custom", _no_formula)  # validates and packs target_tokens; the graph reads the rest
 MAX_NODES = 4096
 _METRIC_KEY = re.compile(r"custom/[a-z0-9_./-]{1,64}:(sum|mean)")
 _INPUT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoConfig, PreTrainedModel
 
 from tx.models.auto import load_frozen
-from tx.types import BaseModelInfo, UserError
+from tx.types import BaseModelInfo
 
 logger = logging.getLogger(__name__)
 
@@ -77,26 +77,3 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
     for module in model.modules():
         if isinstance(module, GradientCheckpointingLayer):
             module.training = True
-
-
-def check_tokens(tokens: list[int], info: BaseModelInfo, index: int, max_tokens: int | None = None) -> None:
-    """UserError unless every token id is in the vocabulary and the sequence fits the context (and
-    `max_tokens`, this server's cap on one sequence, when set)."""
-    if not tokens:
-        raise UserError(f"datum {index}: model_input is empty")
-    if len(tokens) > info.max_context_length:
-        raise UserError(
-            f"datum {index}: {len(tokens)} tokens exceed the maximum context length "
-            f"{info.max_context_length} of {info.name}"
-        )
-    if max_tokens is not None and len(tokens) > max_tokens:
-        raise UserError(
-            f"datum {index}: {len(tokens)} tokens exceed this server's limit of {max_tokens} tokens per "
-            "sequence (--train-max-sequence-tokens)"
-        )
-    low, high = min(tokens), max(tokens)
-    if low < 0 or high >= info.vocab_size:
-        bad = low if low < 0 else high
-        raise UserError(
-            f"datum {index}: token id {bad} is outside the vocabulary [0, {info.vocab_size}) of {info.name}"
-        )

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from tx.backends.base import TrainingBackend
+from tx.backends.datums import DatumRules
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.backend import _check_compatible
@@ -98,6 +99,10 @@ class WorkersBackend(TrainingBackend):
 
     def served_models(self) -> list[BaseModelInfo]:
         return [self.base_model_info(name) for name in self._paths]
+
+    def datum_rules(self, base_model: str) -> DatumRules:
+        info, model_dir = self.base_model_info(base_model), self._paths[base_model]
+        return DatumRules.of_model_dir(info, model_dir, self._max_sequence_tokens, self._image_limits)
 
     # ---- runs ----
 
