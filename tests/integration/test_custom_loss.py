@@ -109,3 +109,14 @@ def test_unknown_loss_id_is_refused(service_client: tinker.ServiceClient) -> Non
     tc = service_client.create_lora_training_client(BASE, rank=4, seed=0).result()
     with pytest.raises(Exception, match="unknown loss_id"):
         tc.forward_backward(data(0), "custom", {"loss_id": "nope"}).result()
+
+
+def test_inputs_the_loss_does_not_get_are_refused_at_submission(service_client: tinker.ServiceClient) -> None:
+    handle = service_client.create_custom_loss(
+        margin_loss, input_ranks={"logprobs": 1, "weights": 1, "advantages": 1}
+    ).result()
+    tc = service_client.create_lora_training_client(BASE, rank=4, seed=0).result()
+    batch = data(0)
+    del batch[1].loss_fn_inputs["advantages"]
+    with pytest.raises(tinker.BadRequestError, match="datum 1: loss_fn_inputs lacks 'advantages'"):
+        tc.forward_backward(batch, "custom", {"loss_id": handle.loss_id}).result()

@@ -29,7 +29,16 @@ import numpy as np
 from tx.backends.losses import TARGET_KEY, LossFn, batch_loss
 from tx.multimodal.images import ImageLimits, check_image_size
 from tx.multimodal.prompt import vision_processor
-from tx.types import BaseModelInfo, Datum, ForwardBackwardInput, ImageChunk, ModelInput, TextChunk, UserError
+from tx.types import (
+    BaseModelInfo,
+    CustomLoss,
+    Datum,
+    ForwardBackwardInput,
+    ImageChunk,
+    ModelInput,
+    TextChunk,
+    UserError,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ def check_batch(batch: ForwardBackwardInput, rules: DatumRules) -> None:
         else:  # an image of unknown size: the known tokens are a lower bound, the loss inputs wait
             check_length(text.size + image_tokens, rules, index)
             check_vocab(text, rules.info, index)
+    if batch.custom_loss is not None:
+        check_custom_inputs(batch.custom_loss, batch.data)
 
 
 def check_not_empty(data: list[Datum]) -> None:
@@ -82,6 +93,23 @@ def check_datum(
     arrays = loss.validate_datum(datum.loss_fn_inputs, num_tokens, index, datum.loss_fn_input_spans)
     check_targets(arrays[TARGET_KEY], rules.info, index)
     return arrays
+
+
+def check_custom_inputs(loss: CustomLoss, data: list[Datum]) -> None:
+    """The inputs a custom loss declares (logprobs first, then the loss_fn_inputs keys it reads, each with its
+    rank) against every datum: logprobs take target_tokens' rank, and every key is there with its rank."""
+    (_, logprobs_rank), *named = loss.inputs
+    for index, datum in enumerate(data):
+        inputs = datum.loss_fn_inputs
+        if TARGET_KEY in inputs and np.ndim(inputs[TARGET_KEY]) != logprobs_rank:
+            raise UserError(f"datum {index}: loss {loss.name!r} takes logprobs of rank {logprobs_rank}, "
+                            f"but target_tokens has rank {np.ndim(inputs[TARGET_KEY])}")
+        for name, rank in named:
+            if name not in inputs:
+                raise UserError(f"datum {index}: loss_fn_inputs lacks {name!r}, which loss {loss.name!r} takes")
+            if np.ndim(inputs[name]) != rank:
+                raise UserError(f"datum {index}: loss_fn_inputs[{name!r}] has rank {np.ndim(inputs[name])}, "
+                                f"but loss {loss.name!r} declared it with rank {rank}")
 
 
 def check_length(num_tokens: int, rules: DatumRules, index: int) -> None:

@@ -1,4 +1,5 @@
-"""The custom-loss interpreter on graphs the SDK's own tracer and encoder produce."""
+"""The custom-loss interpreter on graphs the SDK's own tracer and encoder produce, and the checks of a datum's inputs
+against the ones a loss declares (`tx/backends/datums.py`, at submission and before it runs)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
 
+from tx.backends.datums import check_custom_inputs
 from tx.backends.torch.custom_loss import compile_loss, reduce_metrics, run_on_data
-from tx.types import CustomLoss, UserError
+from tx.types import CustomLoss, Datum, ModelInput, UserError
 
 
 def uploaded(fn, ranks) -> CustomLoss:
@@ -42,15 +44,29 @@ def test_interpreter_matches_running_the_function():
     assert all(lp.grad is not None and torch.isfinite(lp.grad).all() for lp in lps)
 
 
-def test_runtime_failures_and_bad_inputs_are_user_errors():
+def test_runtime_failures_are_user_errors():
     loss = compile_loss(uploaded(shapes_and_slices, {"logprobs": 1, "weights": 1, "scale": 0}))
     lp = torch.zeros(4, requires_grad=True)
     with pytest.raises(UserError, match="failed at node"):  # weights of the wrong length
         run_on_data(loss, [lp], [{"weights": np.ones(7, np.float32), "scale": np.float32(1)}], torch.device("cpu"))
-    with pytest.raises(UserError, match="declared it with rank 0"):
-        run_on_data(loss, [lp], [{"weights": np.ones(4, np.float32), "scale": np.ones(2, np.float32)}], torch.device("cpu"))
-    with pytest.raises(UserError, match="lacks 'weights'"):
-        run_on_data(loss, [lp], [{"scale": np.float32(1)}], torch.device("cpu"))
+
+
+def test_inputs_that_do_not_fit_the_declared_ones_are_refused_before_it_runs():
+    declared = uploaded(shapes_and_slices, {"logprobs": 1, "weights": 1, "scale": 0})
+    targets = np.zeros(4, np.int64)
+
+    def datum(**inputs) -> Datum:
+        return Datum(ModelInput.from_tokens([1, 2, 3, 4]), {"target_tokens": targets, **inputs})
+
+    good = datum(weights=np.ones(4, np.float32), scale=np.float32(1))
+    check_custom_inputs(declared, [good])
+    with pytest.raises(UserError, match="datum 1: loss_fn_inputs\\['scale'\\] has rank 1.*declared it with rank 0"):
+        check_custom_inputs(declared, [good, datum(weights=np.ones(4, np.float32), scale=np.ones(2, np.float32))])
+    with pytest.raises(UserError, match="datum 0: loss_fn_inputs lacks 'weights'"):
+        check_custom_inputs(declared, [datum(scale=np.float32(1))])
+    with pytest.raises(UserError, match="takes logprobs of rank 1, but target_tokens has rank 2"):
+        check_custom_inputs(declared, [Datum(ModelInput.from_tokens([1]), {"target_tokens": np.zeros((1, 2), np.int64),
+                                                                        "weights": np.ones(1), "scale": 1.0})])
 
 
 def test_bad_metric_names_and_inputs_are_refused():

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from tx.backends.base import TrainingBackend
-from tx.backends.datums import DatumRules
+from tx.backends.datums import DatumRules, check_custom_inputs
 from tx.backends.losses import batch_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.batch import build_micro_batch, prepare_data
@@ -161,6 +161,8 @@ class TorchBackend(TrainingBackend):
         items = prepare_data(
             batch.data, loss_fn, info, vision, self._image_limits, self.settings.max_sequence_tokens
         )
+        if batch.custom_loss is not None:
+            check_custom_inputs(batch.custom_loss, batch.data)
         host, budget = self._hosts[run.base_model], self._budgets[run.base_model]
         groups = plan_micro_batches([item.num_tokens for item in items], budget)
         saved = None if batch.forward_only else _grads(run)

@@ -110,7 +110,6 @@ class CompiledLoss:
 
     name: str
     input_names: tuple[str, ...]  # the loss_fn_inputs keys it reads, after logprobs
-    input_ranks: tuple[int, ...]  # logprobs first
     nodes: tuple[_Node, ...]
 
     def __call__(self, logprobs: torch.Tensor, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -155,7 +154,6 @@ def compile_loss(loss: CustomLoss) -> CompiledLoss:
     return CompiledLoss(
         name=loss.name,
         input_names=tuple(name for name, _ in loss.inputs[1:]),
-        input_ranks=tuple(rank for _, rank in loss.inputs),
         nodes=tuple(nodes),
     )
 
@@ -281,15 +279,12 @@ def run_on_data(
     """Σ over datums of the loss on (datum logprobs, its named inputs), and the sum of each metric over them
     (`reduce_metrics` averages the :mean ones once every micro-batch is done).
 
-    `logprobs[i]` is datum i's (N,) or (N, K) tensor; `data_inputs[i]` its loss_fn_inputs (numpy)."""
+    `logprobs[i]` is datum i's (N,) or (N, K) tensor; `data_inputs[i]` its loss_fn_inputs (numpy), which
+    `tx.backends.datums.check_custom_inputs` has checked against the loss's declared inputs."""
     total: torch.Tensor | None = None
     sums: dict[str, float] = {}
     for index, (lp, inputs) in enumerate(zip(logprobs, data_inputs, strict=True)):
-        if lp.ndim != loss.input_ranks[0]:
-            raise UserError(f"datum {index}: loss {loss.name!r} takes logprobs of rank {loss.input_ranks[0]}, "
-                            f"but target_tokens has rank {lp.ndim}")
-        args = [_input(inputs, name, rank, index, loss.name, device)
-                for name, rank in zip(loss.input_names, loss.input_ranks[1:])]
+        args = [torch.as_tensor(inputs[name]).to(device) for name in loss.input_names]
         value, metrics = loss(lp, args)
         if not isinstance(value, torch.Tensor) or value.ndim != 0 or not value.is_floating_point():
             raise UserError(f"datum {index}: loss {loss.name!r} must return a scalar float tensor")
@@ -303,13 +298,3 @@ def run_on_data(
 def reduce_metrics(sums: dict[str, float], num_datums: int) -> dict[str, float]:
     """Metric sums over a request's datums -> their values: :sum as is, :mean divided by the datums."""
     return {key: value / num_datums if key.endswith(":mean") else value for key, value in sums.items()}
-
-
-def _input(inputs: dict[str, Any], name: str, rank: int, index: int, loss: str, device: torch.device) -> torch.Tensor:
-    if name not in inputs:
-        raise UserError(f"datum {index}: loss_fn_inputs lacks {name!r}, which loss {loss!r} takes")
-    tensor = torch.as_tensor(inputs[name]).to(device)
-    if tensor.ndim != rank:
-        raise UserError(f"datum {index}: loss_fn_inputs[{name!r}] has rank {tensor.ndim}, "
-                        f"but loss {loss!r} declared it with rank {rank}")
-    return tensor
