@@ -141,3 +141,18 @@ def test_model_info(backend, tiny_model_dir):
     assert (info.vocab_size, info.max_context_length) == (TINY_VOCAB, TINY_MAX_LEN)
     assert info.tokenizer_id == str(tiny_model_dir)
     assert backend.served_models() == [info]
+
+
+def test_the_workers_backend_refuses_at_submission_by_the_same_rules(tiny_model_dir):
+    """Its checks at submission need no worker: the rules come from the model's config and the server's cap."""
+    from tx.backends.torch.workers.backend import WorkersBackend
+
+    def no_group():
+        raise AssertionError("a check at submission started the worker group")
+
+    workers = WorkersBackend({TINY_NAME: tiny_model_dir}, no_group, max_sequence_tokens=10)
+    with pytest.raises(UserError, match="datum 0: 11 tokens exceed this server's limit of 10"):
+        workers.check_batch(TINY_NAME, ce([datum([1] * 11, target_tokens=[1] * 11)]))
+    with pytest.raises(UserError, match=rf"datum 0: token id {TINY_VOCAB}"):
+        workers.check_batch(TINY_NAME, ce([datum([1, TINY_VOCAB], target_tokens=[1, 2])]))
+    workers.check_batch(TINY_NAME, ce([datum([1, 2], target_tokens=[2, 3])]))
