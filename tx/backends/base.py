@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tx.backends.datums import DatumRules, check_batch
+from tx.backends import datums
+from tx.backends.datums import DatumRules
 from tx.types import (
     AdamParams,
     BaseModelInfo,
@@ -78,7 +79,7 @@ class TrainingBackend(ABC):
         """Refuse, with a UserError naming the datum, a batch that can never run on `base_model`: an unknown
         loss or config key, a sequence over the context or this server's cap, a token outside the
         vocabulary, loss inputs of the wrong shape. Called when the request arrives, before it is queued."""
-        check_batch(batch, self.datum_rules(base_model))
+        datums.check_batch(batch, self.datum_rules(base_model))
 
     def datum_rules(self, base_model: str) -> DatumRules:
         """What `base_model` accepts in a datum. This default: text only, up to the model's context; a
