@@ -215,3 +215,14 @@ def test_gspo_and_stable_reinforce_raise_the_sampled_tokens(service_client: tink
                                  loss_fn_inputs={"target_tokens": tokens[0][1:], "logprobs": mask, "advantages": mask})]
     with pytest.raises(tinker.BadRequestError, match="needs provenance"):  # refused at submission
         tc.forward_backward(no_provenance, "stable_reinforce").result()
+
+
+@AND_JAX
+def test_work_that_can_never_run_is_refused_at_submission(trainer_client: tinker.ServiceClient) -> None:
+    """Every trainer refuses by the same rules when the request arrives (a 400), not when it would run."""
+    tc = trainer_client.create_lora_training_client(BASE, rank=4).result()
+    too_long = datum(list(np.arange(2050) % 1000))
+    with pytest.raises(tinker.BadRequestError, match="datum 0: 2049 tokens exceed the maximum context length 2048"):
+        tc.forward_backward([too_long], "cross_entropy").result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="datum 1: token id 999999 is outside the vocabulary"):
+        tc.forward([datum([1, 2, 3]), datum([1, 2, 999_999, 4])], "cross_entropy").result(timeout=60)
