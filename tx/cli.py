@@ -32,7 +32,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("torch", "jax"), help="training backend (default torch; jax: the [jax] extra)")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--trainer-workers", type=int,
-                   help="trainer worker processes sharing one model with FSDP2 (default 1: in the server process)")
+                   help="trainer worker processes training one model together (default 1: in the server process)")
     _trainer_arguments(p)
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
@@ -69,6 +69,9 @@ def _trainer_arguments(p: argparse.ArgumentParser) -> None:
                    help="dtype of the base weights (default bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="recompute decoder activations in backward (default: on with CUDA)")
+    p.add_argument("--trainer-shard-base", choices=("auto", "always", "never"),
+                   help="trainer workers: shard the base with FSDP2 or hold it whole on each (default auto: "
+                        "shard only a base that does not fit)")
     p.add_argument("--train-max-sequence-tokens", type=int,
                    help="longest datum accepted for training (default: the model's context)")
 

@@ -59,8 +59,13 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="Training device: auto, cpu, cuda, cuda:N.")
     trainer_workers: int = Field(
         1, ge=1, le=1024,
-        description="Trainer worker processes, one model sharded over them with FSDP2 (one GPU each on a GPU "
-        "machine). 1 = the trainer runs inside the server process.",
+        description="Trainer worker processes training one model together (one GPU each on a GPU machine; see "
+        "trainer_shard_base). 1 = the trainer runs inside the server process.",
+    )
+    trainer_shard_base: Literal["auto", "always", "never"] = Field(
+        "auto", description="With trainer workers: shard the frozen base over them with FSDP2 (always), hold it "
+        "whole on each and sum the LoRA gradients once per step (never), or shard only a base that does not fit "
+        "(auto: more than half a GPU's memory, or on CPU N copies over half the RAM).",
     )
     train_micro_batch_tokens: int | None = Field(
         None, ge=1, description="Tokens per trainer micro-batch (a longer sequence runs alone). Default: 8192 "

@@ -157,7 +157,7 @@ def trainer_settings(settings: Settings) -> TrainerSettings:
     return TrainerSettings(
         micro_batch_tokens=settings.train_micro_batch_tokens, dtype=settings.train_dtype,
         gradient_checkpointing=settings.gradient_checkpointing,
-        max_sequence_tokens=settings.train_max_sequence_tokens,
+        max_sequence_tokens=settings.train_max_sequence_tokens, shard_base=settings.trainer_shard_base,
     )
 
 

@@ -1,16 +1,21 @@
-"""The torch trainer on 2 worker processes (FSDP2 over gloo) against the in-process trainer."""
+"""The torch trainer on 2 worker processes (gloo; base held whole or sharded with FSDP2) against the in-process
+trainer."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 import torch
 from backend_helpers import TINY_NAME, ce, sft_data, snapshot
 
+from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers import create_workers_backend
 from tx.backends.torch.workers.backend import split_by_tokens
 from tx.backends.torch.workers.messages import WireDatum
+from tx.backends.torch.workers.policy import base_bytes, too_big
 from tx.types import (
     AdamParams,
     Datum,
@@ -33,11 +38,12 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def workers(tiny_model_dir):
-    """2 workers with micro-batches of at most 20 tokens: rank 0's share of DATA (16 tokens) takes one pass and
-    rank 1's (16 + 8) two, so rank 0 pads with an idle pass (the in-process trainer runs DATA in one)."""
-    settings = TrainerSettings(micro_batch_tokens=20)
+@pytest.fixture(scope="module", params=["never", "always"], ids=["replicated", "sharded"])
+def workers(tiny_model_dir, request):
+    """2 workers holding the base whole (the default on CPU) or sharding it with FSDP2, with micro-batches of at
+    most 20 tokens: rank 0's share of DATA (16 tokens) takes one pass and rank 1's (16 + 8) two, so a sharded
+    rank 0 pads with an idle pass (the in-process trainer runs DATA in one)."""
+    settings = TrainerSettings(micro_batch_tokens=20, shard_base=request.param)
     backend = create_workers_backend({TINY_NAME: tiny_model_dir}, 2, device="cpu", threads=1, trainer=settings)
     yield backend
     backend.close()
@@ -105,6 +111,25 @@ def test_checkpoints_cross_load_between_one_and_two_workers(backend, workers, tm
     with pytest.raises(UserError, match="LoRA config"):
         workers.create_model("other", TINY_NAME, LoraConfig(rank=8, seed=0))
         workers.load_state("other", tmp_path / "from-one", with_optimizer=False)
+
+
+def test_a_step_some_workers_have_no_gradients_for_matches_one_process(backend, workers):
+    """One datum: one worker accumulates nothing; an optim_step with no forward_backward before it moves nothing."""
+    backend.create_model("one", TINY_NAME, LORA)
+    workers.create_model("two", TINY_NAME, LORA)
+    for model, trainer in (("one", backend), ("two", workers)):
+        trainer.forward_backward(model, ce(DATA[:1]))
+        trainer.optim_step(model, STEPS[0])
+        assert trainer.optim_step(model, STEPS[0]).metrics["grad_norm"] == 0.0
+    assert_same_weights(snapshot(backend, "one"), dict(workers.iter_trainable_weights("two")))
+
+
+def test_auto_holds_a_base_that_fits_whole(tiny_model_dir):
+    size = base_bytes(tiny_model_dir, torch.float32)
+    assert size == 4 * sum(p.numel() for p in load_causal_lm(tiny_model_dir, torch.device("cpu")).parameters())
+    cpu, ram = torch.device("cpu"), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert not too_big(size, cpu, world_size=2)
+    assert too_big(ram // 4, cpu, world_size=3)
 
 
 def test_bad_input_is_a_user_error_and_the_group_carries_on(workers):

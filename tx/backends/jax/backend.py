@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from tx.backends.base import TrainingBackend
+from tx.backends.lora_files import LoraFilesBackend
 from tx.backends.jax import lora as lora_mod
 from tx.backends.jax import mesh as mesh_mod
 from tx.backends.jax import optim, shapes, state, step
@@ -29,7 +29,6 @@ from tx.backends.jax.spec import ModelSpec, read_spec
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.backend import _check_compatible  # one rule for both backends
-from tx.backends.torch.lora import peft_config_for
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.types import (
@@ -70,7 +69,7 @@ class Run:
         return np.float32(lora_mod.scale(self.lora))
 
 
-class JaxBackend(TrainingBackend):
+class JaxBackend(LoraFilesBackend):
     def __init__(self, models: dict[str, Path], *, device: str = "auto",
                  micro_batch_tokens: int | None = None,
                  num_devices: int | None = None) -> None:
@@ -220,14 +219,6 @@ class JaxBackend(TrainingBackend):
             mu, nu, count = loaded.moments
             mu, nu = (self._replicate(lora_mod.from_peft(m, paths)) for m in (mu, nu))
             run.opt_state = optim.with_moments(run.opt_state, mu, nu, count)
-
-    def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
-        return checkpoint.read_state_config(directory)
-
-    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
-        run = self._run(model_id)
-        weights = dict(self.iter_trainable_weights(model_id))
-        checkpoint.write_sampler_weights(directory, run.base_model, peft_config_for(run.lora), weights)
 
     def iter_trainable_weights(self, model_id: str) -> Iterator[tuple[str, Any]]:
         """The run's LoRA tensors as CPU torch tensors (zero-copy views of the JAX buffers on a CPU), named

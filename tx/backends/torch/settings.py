@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 TrainDtype = Literal["float32", "bfloat16", "float16"]
+ShardBase = Literal["auto", "always", "never"]
 
 # Tokens per micro-batch on CPU (the JAX backend uses it too). scripts/bench/train_memory.py at Qwen3's
 # vocabulary (151,936): hidden 64, 32 x 2,048 tokens in micro-batches of 8,192 peaked ~0.7 GiB above model +
@@ -29,6 +30,9 @@ class TrainerSettings:
     """Recompute each decoder layer's activations in backward. None: on with CUDA, off on CPU."""
     max_sequence_tokens: int | None = None
     """Longest datum accepted (below the model's context); None: the context is the only limit."""
+    shard_base: ShardBase = "auto"
+    """Trainer workers only: shard the frozen base over them with FSDP2 ("always"), hold it whole on each
+    ("never"), or shard only a base that does not fit on each worker ("auto"; `workers/policy.py`)."""
 
     def resolved(self, device_type: str) -> TrainerSettings:
         """These settings with dtype and checkpointing chosen for `device_type` ("cpu", "cuda")."""

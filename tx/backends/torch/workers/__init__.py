@@ -1,8 +1,8 @@
-"""The torch trainer on N worker processes in one torch.distributed group (FSDP2), local or on Ray.
+"""The torch trainer on N worker processes in one torch.distributed group, local or on Ray.
 
 `create_workers_backend` builds the API process's side (`backend.WorkersBackend`); each worker runs
-`worker.py` and hosts runs sharded by `sharded.py`; `group.py` starts local worker processes and
-`ray_workers.py` Ray actors.
+`worker.py` and hosts runs on a base held whole (`replicated.py`) or sharded with FSDP2 (`sharded.py`), as
+`policy.py` decides; `group.py` starts local worker processes and `ray_workers.py` Ray actors.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The API process keeps the `TrainingBackend` seam: this class checks a call the way the in-process trainer
 would (so errors name the user's datum indices), splits a forward_backward's datums across the workers by
 token count (contiguous shares, so outputs come back in order), and sends every worker its share over the
-control channel (`messages.py`). The workers run the ordinary trainer code on their share (`sharded.py`);
-FSDP sums the gradients across them. Tensors the API process needs (checkpoints, weights for the engines)
+control channel (`messages.py`). The workers run the ordinary trainer code on their share and sum the
+gradients across them (`replicated.py`, or FSDP2 in `sharded.py`). Tensors the API process needs (checkpoints, weights for the engines)
 are gathered on rank 0 and come back as safetensors; checkpoints are written here in today's formats
 (`checkpoint.py`), so a checkpoint saved with N workers loads with M.
 
@@ -26,13 +26,12 @@ from typing import Any
 
 import torch
 
-from tx.backends.base import TrainingBackend
 from tx.backends.datums import DatumRules
+from tx.backends.lora_files import LoraFilesBackend
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.backend import _check_compatible
 from tx.backends.torch.batch import prepare_data
-from tx.backends.torch.lora import peft_config_for
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.workers import tensors
 from tx.backends.torch.workers.group import Message, WorkerDied, WorkerGroup
@@ -63,7 +62,7 @@ class _RunInfo:
     lora: LoraConfig
 
 
-class WorkersBackend(TrainingBackend):
+class WorkersBackend(LoraFilesBackend):
     def __init__(
         self,
         models: dict[str, Path],
@@ -204,14 +203,6 @@ class WorkersBackend(TrainingBackend):
             named.update({f"o/{k}": v for k, v in moments.items()})
         request = Request(op="write_state", model_id=model_id, directory=str(directory), optimizer_meta=meta)
         self._all(request, tensors.to_bytes(named))
-
-    def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
-        return checkpoint.read_state_config(directory)
-
-    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
-        run = self._run(model_id)
-        weights = dict(self.iter_trainable_weights(model_id))
-        checkpoint.write_sampler_weights(directory, run.base_model, peft_config_for(run.lora), weights)
 
     def iter_trainable_weights(self, model_id: str) -> Iterator[tuple[str, Any]]:
         """The run's LoRA tensors, gathered on rank 0 and copied here (CPU tensors)."""

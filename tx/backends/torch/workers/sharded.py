@@ -1,10 +1,11 @@
-"""One run's model sharded over the worker group with FSDP2, driven by the ordinary torch trainer code.
+"""One run's model sharded over the worker group with FSDP2, for a base too big to hold whole on a worker.
 
-A `ShardedTorchBackend` is a `TorchBackend` that hosts exactly one run: the base model is loaded, the run's
-PEFT LoRA adapter is added (seeded identically on every rank), and then `fully_shard` is applied to every
-transformer block (the model's `_no_split_modules`) and to the root. So the frozen base, the LoRA tensors
-and AdamW's moments are all sharded over the group; forward and backward all-gather a block's parameters
-when they need them, and backward reduce-scatters the LoRA gradients.
+`policy.py` picks this for a base model that does not fit on each worker (or always, with
+`--trainer-shard-base always`). A `ShardedTorchBackend` hosts exactly one run: the base model is loaded, the
+run's PEFT LoRA adapter is added (seeded identically on every rank), and then `fully_shard` is applied to
+every transformer block (the model's `_no_split_modules`) and to the root. So the frozen base, the LoRA
+tensors and AdamW's moments are all sharded over the group; forward and backward all-gather a block's
+parameters when they need them (each pass, twice), and backward reduce-scatters the LoRA gradients.
 
 Losses are SUMS over tokens (`losses.py`), and each rank runs its share of the datums, so gradients must be
 summed across ranks, not averaged: every FSDP module divides by 1 and reduces with a plain SUM (gloo has
@@ -20,39 +21,22 @@ to a model FSDP has already sharded.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tx.backends.losses import get_loss
-from tx.backends.torch.backend import TorchBackend, _copy_weights
 from tx.backends.torch.batch import prepare_data
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.optim import new_optimizer
 from tx.backends.torch.plan import plan_micro_batches
+from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.multimodal import vision_processor
-from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig, UserError
+from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig
 
 
-def full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a (possibly sharded) one; a collective when it is sharded."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def like(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """`value` (the whole tensor, the same on every rank) sharded as `param` is; no communication."""
-    if isinstance(param, DTensor) and value.shape == param.shape:
-        return distribute_tensor(
-            value.to(param.device), param.device_mesh, param.placements, src_data_rank=None
-        )
-    return value
-
-
-class ShardedTorchBackend(TorchBackend):
+class ShardedTorchBackend(RankTorchBackend):
     def _host(self, base_model: str) -> AdapterHost:
         """The base model, loaded on the CPU: `fully_shard` moves each block's shard to the device, so a model
         larger than one GPU never lands whole on one."""
@@ -91,9 +75,7 @@ class ShardedTorchBackend(TorchBackend):
         mine = self.passes(model_id, batch)
         most = torch.tensor([mine], device=self.device)
         dist.all_reduce(most, op=dist.ReduceOp.MAX)
-        result = ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
-        if batch.data:
-            result = super().forward_backward(model_id, batch)
+        result = super().forward_backward(model_id, batch)
         for _ in range(int(most.item()) - mine):
             self.idle_pass(model_id, backward=not batch.forward_only)
         return result
@@ -120,40 +102,3 @@ class ShardedTorchBackend(TorchBackend):
             zero = host.unembedding(host.hidden_states(tokens)).sum() * 0.0
         if backward:
             zero.backward()
-
-    def lora_weights(self, model_id: str) -> dict[str, torch.Tensor]:
-        """The run's whole LoRA tensors by PEFT file name (collective: every rank calls it)."""
-        return {name: full(param.detach()) for name, param in self._run(model_id).params.items()}
-
-    def optimizer_state(self, model_id: str) -> dict:
-        """The run's whole AdamW state dict (collective)."""
-        state = self._run(model_id).optimizer.state_dict()
-        state["state"] = {i: {k: full(v) for k, v in entry.items()} for i, entry in state["state"].items()}
-        return state
-
-    def write_weights(
-        self, model_id: str, weights: dict[str, torch.Tensor], optimizer_state: dict | None, directory: Path
-    ) -> None:
-        """Set the run's LoRA tensors (and AdamW state, else a fresh AdamW) from checkpoint `directory`;
-        gradients are dropped.
-
-        Every rank gets the same whole tensors and keeps its own shard of them, so this needs no collective,
-        and a bad checkpoint fails the same way on every rank."""
-        run = self._run(model_id)
-        shards = {
-            name: like(value, run.params[name]) if name in run.params else value
-            for name, value in weights.items()
-        }
-        _copy_weights(run, shards, directory)
-        run.zero_grad()
-        run.optimizer = new_optimizer(run.params.values())
-        if optimizer_state is None:
-            return
-        params = list(run.params.values())
-        try:
-            for index, entry in optimizer_state["state"].items():
-                for key, value in entry.items():
-                    entry[key] = like(value, params[index])
-            run.optimizer.load_state_dict(optimizer_state)
-        except (ValueError, KeyError, IndexError, RuntimeError) as exc:
-            raise UserError(f"optimizer state in {directory} does not fit {model_id}: {exc}") from exc

@@ -1,4 +1,6 @@
-"""A trainer worker: one rank of the torch.distributed group, hosting sharded runs (`sharded.py`).
+"""A trainer worker: one rank of the torch.distributed group, hosting runs on base models it holds whole
+(`replicated.py`, one backend shared by those runs) or sharded over the group (`sharded.py`, one per run);
+`policy.py` picks per base model.
 
 `Worker.handle` answers one control `Request` (see `messages.py`); the transports around it are a local
 process speaking frames on its stdin/stdout (`main`, started by `group.LocalWorkers`) or a Ray actor
@@ -24,6 +26,9 @@ from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers.messages import (
     ErrorKind, Reply, Request, WireArray, WorkerSpec, read_frame, write_frame,
 )
+from tx.backends.torch.workers.policy import shard_base
+from tx.backends.torch.workers.rank_backend import RankTorchBackend
+from tx.backends.torch.workers.replicated import ReplicatedTorchBackend
 from tx.backends.torch.workers.sharded import ShardedTorchBackend
 from tx.logging import init_logging
 from tx.types import ConflictError, NotFoundError, UserError
@@ -45,7 +50,9 @@ class Worker:
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self._store: dist.TCPStore | None = None  # pyright: ignore[reportPrivateImportUsage]  (torch re-exports it without marking it)
-        self._runs: dict[str, ShardedTorchBackend] = {}
+        self._runs: dict[str, RankTorchBackend] = {}
+        self._replicated: ReplicatedTorchBackend | None = None  # every run on a base held whole
+        self._sharded: dict[str, bool] = {}  # base model -> shard it (decided once, by every rank)
 
     def handle(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
         try:
@@ -66,12 +73,14 @@ class Worker:
             return Reply(), b""
         if op == "create_model":
             assert request.lora is not None
-            backend = ShardedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
+            backend = self._backend_for(request.base_model)
             backend.create_model(model_id, request.base_model, request.lora.lora())
             self._runs[model_id] = backend
             return Reply(), b""
         backend = self._run(model_id)
         if op == "delete_model":
+            if backend is self._replicated:
+                backend.delete_model(model_id)
             del self._runs[model_id]
             return Reply(), b""
         if op == "forward_backward":
@@ -102,7 +111,22 @@ class Worker:
             return Reply(), b""
         raise ValueError(f"unknown op {op!r}")
 
-    def _run(self, model_id: str) -> ShardedTorchBackend:
+    def _backend_for(self, base_model: str) -> RankTorchBackend:
+        """A new sharded backend for one run, or the one shared by runs on bases held whole."""
+        if base_model not in self.models:
+            raise NotFoundError(f"base model {base_model!r} is not served here")
+        if base_model not in self._sharded:
+            dtype = getattr(torch, str(self.trainer.resolved(self.device.type).dtype))
+            self._sharded[base_model] = shard_base(
+                self.trainer.shard_base, self.models[base_model], dtype, self.device, self.world_size
+            )
+        if self._sharded[base_model]:
+            return ShardedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
+        if self._replicated is None:
+            self._replicated = ReplicatedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
+        return self._replicated
+
+    def _run(self, model_id: str) -> RankTorchBackend:
         if model_id not in self._runs:
             raise NotFoundError(f"model {model_id!r} is not loaded on trainer worker {self.rank}")
         return self._runs[model_id]

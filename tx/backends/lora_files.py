@@ -1,0 +1,42 @@
+"""The checkpoint files of a trainer whose runs' weights are PEFT-named LoRA tensors, written in one place.
+
+`LoraFilesBackend` gives a backend `read_state_config` and `save_sampler_weights` (the formats of
+`tx/backends/torch/checkpoint.py`) from two things it has anyway: `_run` (the run's base model and LoRA
+config) and `iter_trainable_weights` (its LoRA tensors by PEFT file name). The JAX trainer and the trainer
+workers' API side use it; the in-process torch trainer writes its PEFT model's own state dict and config.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import Protocol
+
+from tx.backends.base import TrainingBackend
+from tx.backends.torch import checkpoint
+from tx.backends.torch.lora import peft_config_for
+from tx.types import LoraConfig
+
+
+class RunConfig(Protocol):
+    """What a run says of its model."""
+
+    @property
+    def base_model(self) -> str: ...
+
+    @property
+    def lora(self) -> LoraConfig: ...
+
+
+class LoraFilesBackend(TrainingBackend):
+    @abstractmethod
+    def _run(self, model_id: str) -> RunConfig:
+        """The run `model_id`; NotFoundError (or the backend's own error) when there is none."""
+
+    def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
+        return checkpoint.read_state_config(directory)
+
+    def save_sampler_weights(self, model_id: str, directory: Path) -> None:
+        run = self._run(model_id)
+        weights = dict(self.iter_trainable_weights(model_id))
+        checkpoint.write_sampler_weights(directory, run.base_model, peft_config_for(run.lora), weights)
