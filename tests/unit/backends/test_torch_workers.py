@@ -116,12 +116,13 @@ def test_checkpoints_cross_load_between_one_and_two_workers(backend, workers, tm
 def test_a_step_some_workers_have_no_gradients_for_matches_one_process(backend, workers):
     """One datum: one worker accumulates nothing; an optim_step with no forward_backward before it moves nothing."""
     backend.create_model("one", TINY_NAME, LORA)
-    workers.create_model("two", TINY_NAME, LORA)
-    for model, trainer in (("one", backend), ("two", workers)):
+    workers.create_model("partial", TINY_NAME, LORA)
+    for model, trainer in (("one", backend), ("partial", workers)):
         trainer.forward_backward(model, ce(DATA[:1]))
         trainer.optim_step(model, STEPS[0])
         assert trainer.optim_step(model, STEPS[0]).metrics["grad_norm"] == 0.0
-    assert_same_weights(snapshot(backend, "one"), dict(workers.iter_trainable_weights("two")))
+    assert_same_weights(snapshot(backend, "one"), dict(workers.iter_trainable_weights("partial")))
+    workers.delete_model("partial")
 
 
 def test_auto_holds_a_base_that_fits_whole(tiny_model_dir):
