@@ -1,4 +1,5 @@
-"""Trainer workers on GPUs: 2 workers (FSDP2 over NCCL, one GPU each) train like the trainer on 1 GPU."""
+"""Trainer workers on GPUs: 2 workers (NCCL, one GPU each; base held whole or sharded with FSDP2) train like the
+trainer on 1 GPU."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from tx.backends.torch.backend import TorchBackend
+from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers import create_workers_backend
 from tx.models.tiny import write_tiny_text_model
 from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
@@ -36,7 +38,8 @@ def train(backend, model_id: str) -> tuple[list[float], dict[str, torch.Tensor]]
     return losses, {name: t.detach().cpu().clone() for name, t in backend.iter_trainable_weights(model_id)}
 
 
-def test_two_gpus_give_the_one_gpu_result(tmp_path):
+@pytest.mark.parametrize("shard_base", ["never", "always"])
+def test_two_gpus_give_the_one_gpu_result(tmp_path, shard_base):
     models = {"tiny": write_tiny_text_model(tmp_path / "tiny", preset="bench")}
     one = TorchBackend(models, device="cuda:0")
     one.create_model("one", "tiny", LORA)
@@ -44,7 +47,7 @@ def test_two_gpus_give_the_one_gpu_result(tmp_path):
     del one
     torch.cuda.empty_cache()
 
-    workers = create_workers_backend(models, 2, device="cuda")
+    workers = create_workers_backend(models, 2, device="cuda", trainer=TrainerSettings(shard_base=shard_base))
     try:
         workers.create_model("two", "tiny", LORA)
         losses, weights = train(workers, "two")

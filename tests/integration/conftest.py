@@ -22,7 +22,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
 
 @pytest.fixture(scope="session")
 def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    """A tx server whose trainer runs on 2 worker processes (FSDP2 over gloo); they start on the first run."""
+    """A tx server whose trainer runs on 2 worker processes (gloo; the tiny base held whole on each, the
+    default); they start on the first run."""
     args = ["--seq-gap-timeout-s", "3", "--trainer-workers", "2"]
     srv = TxServer(tmp_path_factory.mktemp("tx-workers"), args=args).start()
     yield srv
