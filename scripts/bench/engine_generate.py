@@ -24,7 +24,8 @@ import httpx
 import torch
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.engines.kinds import EMBEDDED
+from tx.inference.engines.process import spawn, stop, wait_ready
 from tx.inference.protocol import ROUTE_GENERATE, SECRET_HEADER
 from tx.models.tiny import write_tiny_text_model
 
@@ -43,8 +44,8 @@ class EngineRunner:
             model_dir=model_dir, cluster_secret=secret, ready_file=work / "ready.json", num_threads=threads,
             max_batch_size=max(32, batch), log_level="warning",
         )
-        self.process = spawn_engine(self.config)
-        url = wait_ready(self.config, self.process)
+        self.process = spawn(EMBEDDED, self.config)
+        url = wait_ready(self.config, self.process, timeout_s=300)
         self.client = httpx.Client(base_url=url, headers={SECRET_HEADER: secret}, timeout=600)
         self.pool = ThreadPoolExecutor(batch)
 
@@ -63,7 +64,7 @@ class EngineRunner:
     def close(self) -> None:
         self.pool.shutdown()
         self.client.close()
-        stop_engine(self.process)
+        stop(self.process, EMBEDDED.stop_timeout_s)
 
 
 class HfRunner:

@@ -24,7 +24,8 @@ from pathlib import Path
 import httpx
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.engines.kinds import EMBEDDED
+from tx.inference.engines.process import spawn, stop, wait_ready
 from tx.inference.protocol import ROUTE_GENERATE, ROUTE_SLEEP, ROUTE_WAKE_UP, SECRET_HEADER
 from tx.models.tiny import write_tiny_text_model
 
@@ -137,7 +138,7 @@ def main() -> None:
             model_dir=model_dir, cluster_secret=secret, ready_file=work / "ready.json", stash_dir=stash,
             num_threads=args.threads, log_level="warning",
         )
-        process = spawn_engine(config)
+        process = spawn(EMBEDDED, config)
         try:
             url = wait_ready(config, process, timeout_s=300)
             with httpx.Client(base_url=url, headers={SECRET_HEADER: secret}, timeout=600) as client:
@@ -148,7 +149,7 @@ def main() -> None:
                     for level in (1, 2):
                         results[level].append(cycle(client, process.pid, level, reference, args.max_tokens))
         finally:
-            stop_engine(process)
+            stop(process, EMBEDDED.stop_timeout_s)
 
     print(json.dumps({
         "preset": args.preset, "threads": args.threads, "cycles": args.cycles,

@@ -21,7 +21,8 @@ from engine_weights import random_adapter
 from reference_logprobs import token_logprobs
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.engines.kinds import EMBEDDED
+from tx.inference.engines.process import spawn, stop, wait_ready
 from tx.inference.protocol import SECRET_HEADER
 
 pytestmark = [
@@ -48,11 +49,11 @@ class LiveEngine:
         )
         self.log_path = tmp_dir / "engine.log"
         with open(self.log_path, "ab") as log:
-            self.process = spawn_engine(self.config, stdout=log, stderr=log)
+            self.process = spawn(EMBEDDED, self.config, stdout=log, stderr=log)
         try:
             self.url = wait_ready(self.config, self.process, timeout_s=300)
         except RuntimeError as exc:
-            stop_engine(self.process)
+            stop(self.process, EMBEDDED.stop_timeout_s)
             raise RuntimeError(f"{exc}\n{self.log()}") from exc
         self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=300)
 
@@ -72,7 +73,7 @@ class LiveEngine:
 
     def close(self) -> None:
         self.http.close()
-        stop_engine(self.process)
+        stop(self.process, EMBEDDED.stop_timeout_s)
 
 
 def cpu_model(model_dir: Path):
@@ -213,12 +214,13 @@ def _start_vllm(model_dir: Path, work_dir: Path):
         require_vllm()
     except VllmUnavailable as exc:
         pytest.skip(f"needs vLLM: {exc}")
-    from tx.inference.engines.vllm.launch import VllmLauncher
+    from tx.inference.launch import LocalLauncher
 
     # bfloat16: vLLM's GPU LoRA kernels have not always taken float32. The reference for what IPC delivers is
     # therefore the same engine fed the same weights over gloo (the transport the CPU tests check exactly).
-    launcher = VllmLauncher(
-        work_dir, SECRET, dtype="bfloat16", max_model_len=2048, max_adapters=4, max_lora_rank=8,
+    launcher = LocalLauncher(
+        work_dir, SECRET, kind="vllm",
+        dtype="bfloat16", max_model_len=2048, max_adapters=4, max_lora_rank=8,
         gpu_memory_utilization=0.3, startup_timeout_s=600, log_level="warning",
     )
     handle = asyncio.run(launcher.start("vllm-gpu-test", model_dir))

@@ -122,13 +122,14 @@ def test_manager_pushes_over_cuda_ipc_into_a_vllm_engine_on_its_gpu(tiny_model_d
         require_vllm()
     except VllmUnavailable as exc:
         pytest.skip(f"needs vLLM: {exc}")
-    from tx.inference.engines.vllm.launch import VllmLauncher
+    from tx.inference.launch import LocalLauncher
 
     _, weights_dir = adapter
     # bfloat16 (vLLM's GPU LoRA kernels have not always taken float32), so no exact reference here: that IPC
     # delivers the same tensors as gloo is test_engines_gpu.py's; this checks the manager chose and used IPC.
-    launcher = VllmLauncher(
-        tmp_path / "vllm", SECRET, dtype="bfloat16", max_model_len=2048, max_adapters=4, max_lora_rank=8,
+    launcher = LocalLauncher(
+        tmp_path / "vllm", SECRET, kind="vllm",
+        dtype="bfloat16", max_model_len=2048, max_adapters=4, max_lora_rank=8,
         gpu_memory_utilization=0.3, startup_timeout_s=600, log_level="warning",
     )
     manager = EngineManager({MODEL: tiny_model_dir}, EngineSettings(trainer_device="cuda:0"), launcher)

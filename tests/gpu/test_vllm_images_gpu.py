@@ -55,11 +55,12 @@ def engine(vlm_dir, tmp_path_factory):
         require_vllm()
     except VllmUnavailable as exc:
         pytest.skip(str(exc))
-    from tx.inference.engines.vllm.launch import VllmLauncher
+    from tx.inference.launch import LocalLauncher
     from tx.inference.protocol import SECRET_HEADER
 
-    launcher = VllmLauncher(
-        tmp_path_factory.mktemp("vllm-vlm"), SECRET, dtype="float32", max_model_len=2048, max_lora_rank=8,
+    launcher = LocalLauncher(
+        tmp_path_factory.mktemp("vllm-vlm"), SECRET, kind="vllm",
+        dtype="float32", max_model_len=2048, max_lora_rank=8,
         gpu_memory_utilization=0.3, max_images_per_prompt=2, startup_timeout_s=600, log_level="warning",
     )
     handle = asyncio.run(launcher.start("vllm-vlm", vlm_dir))

@@ -26,11 +26,11 @@ def vllm_missing() -> str | None:
 
 
 class LiveVllmEngine:
-    """One tx vLLM engine started through `VllmLauncher`, and an httpx client that sends the secret."""
+    """One tx vLLM engine started by the local launcher, and an httpx client that sends the secret."""
 
     def __init__(self, model_dir: Path, work_dir: Path, **options) -> None:
         """`options`: more (or other) `VllmEngineConfig` fields than the defaults below."""
-        from tx.inference.engines.vllm.launch import VllmLauncher
+        from tx.inference.launch import LocalLauncher
 
         defaults = {
             "dtype": "float32",
@@ -41,7 +41,7 @@ class LiveVllmEngine:
             "extra_args": ["--max-num-seqs", "16"],
             "log_level": "warning",
         }
-        self.launcher = VllmLauncher(work_dir, SECRET, **{**defaults, **options})
+        self.launcher = LocalLauncher(work_dir, SECRET, kind="vllm", **{**defaults, **options})
         self.handle = asyncio.run(self.launcher.start("vllm-test", model_dir))
         self.url = self.handle.url
         self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=120)

@@ -127,11 +127,7 @@ def build_launcher(settings: Settings, num_engines: int, colocate: bool) -> Laun
         options.update(gpu_memory_utilization=settings.engine_memory_share,
                        extra_args=["--tensor-parallel-size", str(tp)])
     if settings.ray_address is None:
-        if settings.engine == "vllm":
-            from tx.inference.engines.vllm.launch import VllmLauncher
-
-            return VllmLauncher(work_dir, secret, **options)
-        return LocalLauncher(work_dir, secret, **options)
+        return LocalLauncher(work_dir, secret, kind=settings.engine, **options)
     from tx.inference.ray.launcher import RayLauncher, connect
     from tx.inference.ray.placement import PlacementSpec
 

@@ -1,8 +1,9 @@
 """Where engines run: the `Launcher` seam, and local subprocesses (the default).
 
 A launcher starts one engine (any engine serving `tx/inference/protocol.py`) for a model directory
-and hands back an `EngineHandle`: a URL the manager talks to, and whether it is still alive. Other
-launchers (Ray actors, vLLM servers) implement the same two protocols.
+and hands back an `EngineHandle`: a URL the manager talks to, and whether it is still alive. `LocalLauncher`
+starts engines of one kind (`engines/kinds.py`: embedded or vLLM) as child processes of this one;
+`tx.inference.ray.launcher.RayLauncher` starts them as Ray actors. Both run them through `engines/process.py`.
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from tx.inference.engines.config import EngineDtype
-from tx.inference.engines.embedded.config import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import stop_engine
-from tx.inference.engines.process import engine_kind, start_logged
+from tx.inference.engines.kinds import EngineKind, engine_kind
+from tx.inference.engines.process import STARTUP_GRACE_S, run_config, start_logged, stop
 
 logger = logging.getLogger(__name__)
 
@@ -60,42 +59,42 @@ class EngineProcess:
 
 
 class LocalLauncher:
-    """Starts embedded engines as child processes bound to loopback."""
+    """Starts engines of one kind as child processes bound to `host` (loopback or a private address), each
+    in a private run directory under `work_dir` (its log, its ready file, the embedded engine's stash)."""
 
-    def __init__(self, work_dir: Path, secret: str, *, host: str = "127.0.0.1", device: str = "auto",
-                 max_adapters: int = 8, dtype: EngineDtype = "float32",
-                 startup_timeout_s: float = 300.0) -> None:
-        """`device`: where every engine runs (auto: the first CUDA GPU if any, else cpu); `dtype`: their base
-        weights' (tx serve passes the trainer's)."""
-        self.work_dir = work_dir
+    def __init__(self, work_dir: Path, secret: str, *, kind: EngineKind | str = "embedded",
+                 host: str = "127.0.0.1", max_adapters: int = 8, startup_timeout_s: float | None = None,
+                 **engine_options: Any) -> None:
+        """`engine_options`: more fields of the kind's config (embedded: device, dtype, num_threads; vLLM:
+        dtype, max_lora_rank, gpu_memory_utilization, extra_args, ...). `startup_timeout_s`: the kind's
+        default unless given. A kind that cannot run here (no vLLM) fails now, not at the first sample."""
+        self.kind = engine_kind(kind) if isinstance(kind, str) else kind
+        self.kind.require()
+        self.work_dir = Path(work_dir)
         self.secret = secret
         self.host = host
-        self.device = device
         self.max_adapters = max_adapters
-        self.dtype: EngineDtype = dtype
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s = startup_timeout_s or self.kind.startup_timeout_s
+        self.engine_options = engine_options
 
     async def start(self, name: str, model_dir: Path) -> EngineProcess:
         run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
-        run_dir.mkdir(parents=True)
-        (run_dir / "stash").mkdir(mode=0o700)
-        config = EmbeddedEngineConfig(
-            model_dir=model_dir, cluster_secret=self.secret, host=self.host, port=0,
-            ready_file=run_dir / "ready.json", stash_dir=run_dir / "stash", max_adapters=self.max_adapters,
-            device=self.device, dtype=self.dtype,
-        )
+        run_dir.mkdir(parents=True, mode=0o700)
+        config = run_config(self.kind, run_dir, self.startup_timeout_s, model_dir=model_dir, port=0,
+                            cluster_secret=self.secret, host=self.host, max_adapters=self.max_adapters,
+                            **self.engine_options)
+        timeout_s = self.startup_timeout_s + STARTUP_GRACE_S
         try:
-            process, url = await asyncio.to_thread(
-                start_logged, engine_kind("embedded"), config, run_dir / "engine.log", self.startup_timeout_s
-            )
+            log = run_dir / "engine.log"
+            process, url = await asyncio.to_thread(start_logged, self.kind, config, log, timeout_s)
         except RuntimeError as exc:
-            raise RuntimeError(f"engine {name} failed to start: {exc}") from exc
-        logger.info("engine %s (pid %d) serving %s at %s", name, process.pid, model_dir, url)
+            raise RuntimeError(f"{self.kind.label} {name} failed to start: {exc}") from exc
+        logger.info("%s %s (pid %d) serving %s at %s", self.kind.label, name, process.pid, model_dir, url)
         return EngineProcess(name=name, url=url, process=process)
 
     async def stop(self, engine: EngineHandle) -> None:
         assert isinstance(engine, EngineProcess)
-        await asyncio.to_thread(stop_engine, engine.process)
+        await asyncio.to_thread(stop, engine.process, self.kind.stop_timeout_s)
 
     async def close(self) -> None:
         """Nothing to release: every engine process is stopped through `stop`."""

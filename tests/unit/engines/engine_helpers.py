@@ -8,7 +8,8 @@ from pathlib import Path
 import httpx
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.engines.kinds import EMBEDDED
+from tx.inference.engines.process import spawn, stop, wait_ready
 from tx.inference.protocol import SECRET_HEADER
 
 SECRET = "test-secret-" + uuid.uuid4().hex
@@ -19,7 +20,7 @@ class Engine:
 
     def __init__(self, config: EmbeddedEngineConfig) -> None:
         self.config = config
-        self.process = spawn_engine(config)
+        self.process = spawn(EMBEDDED, config)
         self.url = wait_ready(config, self.process, timeout_s=180)
         self.client = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=120)
 
@@ -40,7 +41,7 @@ class Engine:
 
     def close(self) -> None:
         self.client.close()
-        stop_engine(self.process)
+        stop(self.process, EMBEDDED.stop_timeout_s)
 
 
 def start_engine(model_dir: Path, tmp_dir: Path, **overrides) -> Engine:

@@ -21,7 +21,8 @@ import pytest
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
 from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.embedded.process import spawn_engine, stop_engine, wait_ready
+from tx.inference.engines.kinds import EMBEDDED
+from tx.inference.engines.process import spawn, stop, wait_ready
 from tx.inference.protocol import SECRET_HEADER, GenerateRequest
 from tx.inference.router import Router
 from tx.models.tiny import write_tiny_text_model
@@ -37,7 +38,7 @@ class LiveEngine:
             model_dir=model_dir, cluster_secret=SECRET, ready_file=work / "ready.json", stash_dir=work,
             num_threads=1, log_level="warning", device="cpu",
         )
-        self.process = spawn_engine(self.config)
+        self.process = spawn(EMBEDDED, self.config)
         self.url = wait_ready(self.config, self.process, timeout_s=180)
         self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=60)
 
@@ -51,7 +52,7 @@ class LiveEngine:
 
     def close(self) -> None:
         self.http.close()
-        stop_engine(self.process)
+        stop(self.process, EMBEDDED.stop_timeout_s)
 
 
 @pytest.fixture(scope="module")

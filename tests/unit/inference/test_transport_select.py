@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import types
 from collections import OrderedDict
 
 import pytest
@@ -403,13 +402,3 @@ def test_ipc_request_needs_adapter_and_lora_together():
     with pytest.raises(ValueError, match="both"):
         IpcWeightsUpdateRequest(ipc=update, adapter="a")
     IpcWeightsUpdateRequest(ipc=update)
-
-
-def test_both_engines_serve_the_protocols_ipc_route():
-    from tx.inference.engines.embedded.app import create_app as embedded_app
-    from tx.inference.engines.vllm.app import create_app as vllm_app
-
-    for create in (embedded_app, vllm_app):
-        engine = types.SimpleNamespace(config=types.SimpleNamespace(cluster_secret="s" * 16))
-        routes = {route.path for route in create(engine).routes}
-        assert ROUTE_WEIGHTS_UPDATE_IPC in routes, create

@@ -1,13 +1,13 @@
 """What every engine's HTTP app shares: the cluster-secret guard and one error policy.
 
 Errors map to the contract's statuses (`tx/inference/protocol.py`): `UserError` 400, `NotFoundError` 404,
-`ConflictError` 409, anything else 500; always a JSON body `{"detail": ...}`.
+`ConflictError` 409, an `UpstreamError` (vLLM's error status) its own status, anything else 500; always a JSON
+body `{"detail": ...}`.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import httpx
@@ -18,6 +18,14 @@ from tx.inference.protocol import SECRET_HEADER
 from tx.types import ConflictError, NotFoundError, UserError
 
 ERROR_STATUS: dict[type[Exception], int] = {UserError: 400, NotFoundError: 404, ConflictError: 409}
+
+
+class UpstreamError(RuntimeError):
+    """A server behind the engine (vLLM) answered an error status; `status` is passed on to tx's caller."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
 
 
 def error_detail(response: httpx.Response) -> str:
@@ -46,20 +54,21 @@ def secret_guard(secret: str) -> list[Any]:
     return [Depends(require_secret)]
 
 
-def add_error_handlers(
-    app: FastAPI, status_of: Mapping[type[Exception], Callable[[Exception], int]] | None = None
-) -> None:
-    """The error policy on `app`; `status_of` adds engine-specific errors (their status from the error)."""
-    rules: dict[type[Exception], Callable[[Exception], int]] = {
-        error: (lambda exc, status=status: status) for error, status in ERROR_STATUS.items()
-    }
-    rules.update(status_of or {})
-    for error, status in rules.items():
+def status_of(exc: Exception) -> int:
+    """The status the error policy answers `exc` with."""
+    if isinstance(exc, UpstreamError):
+        return exc.status
+    return next((status for error, status in ERROR_STATUS.items() if isinstance(exc, error)), 500)
 
-        async def handler(request: Request, exc: Exception, status=status) -> JSONResponse:
-            return JSONResponse(status_code=status(exc), content={"detail": str(exc)})
 
-        app.add_exception_handler(error, handler)
+def add_error_handlers(app: FastAPI) -> None:
+    """The error policy on `app`."""
+
+    async def known(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=status_of(exc), content={"detail": str(exc)})
+
+    for error in (*ERROR_STATUS, UpstreamError):
+        app.add_exception_handler(error, known)
 
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})

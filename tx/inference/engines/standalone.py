@@ -1,7 +1,8 @@
 """`tx engine serve`: one engine started by hand, on any machine, for a `tx serve --engine-url` elsewhere.
 
-It serves the same contract as the engines tx starts itself (`tx/inference/protocol.py`), in the foreground,
-until SIGTERM or Ctrl-C; it does not exit when its parent goes away. The cluster secret comes from the
+It serves the same contract as the engines tx starts itself (`tx/inference/protocol.py`), in the foreground
+(the kind's module, `engines/kinds.py`, run in this process), until SIGTERM or Ctrl-C; it does not exit when
+its parent goes away. The cluster secret comes from the
 environment (`TX_ENGINE_SECRET`), never from argv, so it does not show in `ps`. The embedded engine runs in
 this process; the vLLM engine runs `vllm serve` as a child on a private socket, with tx's worker extension
 (`tx/inference/engines/vllm/child.py` builds that command line).
@@ -9,14 +10,16 @@ this process; the vLLM engine runs `vllm serve` as a child on a private socket, 
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from tx.inference.engines.config import EngineDtype
+    from tx.inference.engines.config import EngineDtype, EngineProcessConfig
     from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+    from tx.inference.engines.kinds import EngineKindName
     from tx.inference.engines.vllm.config import VllmEngineConfig
 
 SECRET_ENV = "TX_ENGINE_SECRET"
@@ -31,7 +34,7 @@ class StandaloneError(ValueError):
 class StandaloneEngine:
     """What `tx engine serve` was asked for."""
 
-    kind: Literal["embedded", "vllm"]
+    kind: EngineKindName
     model: str  # a local directory or a hub id in the HF cache
     host: str = "127.0.0.1"
     port: int = 8001
@@ -43,6 +46,10 @@ class StandaloneEngine:
     max_model_len: int | None = None  # vLLM only
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine
     extra_vllm_args: list[str] = field(default_factory=list)
+
+    def config(self, secret: str) -> EngineProcessConfig:
+        """The config of the engine of `kind`."""
+        return self.vllm_config(secret) if self.kind == "vllm" else self.embedded_config(secret)
 
     def embedded_config(self, secret: str) -> EmbeddedEngineConfig:
         """The embedded engine's config (the model resolved to its directory)."""
@@ -108,15 +115,11 @@ def vllm_serve_command(engine: StandaloneEngine, host: str = "127.0.0.1", port: 
 
 def serve(engine: StandaloneEngine) -> None:
     """Run the engine in the foreground until it is stopped."""
-    secret = secret_from_env()
-    if engine.kind == "embedded":
-        from tx.inference.engines.embedded.__main__ import main as embedded_main
+    from tx.inference.engines.kinds import engine_kind
 
-        embedded_main(engine.embedded_config(secret))
-    else:
-        from tx.inference.engines.vllm.__main__ import main as vllm_main
-
-        vllm_main(engine.vllm_config(secret))
+    config = engine.config(secret_from_env())
+    main = importlib.import_module(f"{engine_kind(engine.kind).module}.__main__").main
+    main(config)
 
 
 __all__ = ["SECRET_ENV", "StandaloneEngine", "StandaloneError", "secret_from_env", "serve", "vllm_serve_command"]

@@ -1,15 +1,14 @@
 """The Ray actor that owns one engine process (embedded or vLLM) on its node.
 
-The actor spawns the engine the launcher chose (`ENGINE_KINDS`: `python -m tx.inference.engines.embedded`
-or `python -m tx.inference.engines.vllm`) as its child, config as JSON in the environment as the local
-launchers do, with its run directory as working directory, and reports the URL the engine wrote to its
-ready file. The child inherits what Ray set for the actor (CUDA_VISIBLE_DEVICES from the bundle) plus the
-placement's extra environment.
+The actor spawns an engine of the kind the launcher chose (`engines/kinds.py`) as its child, through
+`engines/process.py` as the local launcher does, with its run directory as working directory, and reports
+the URL the engine wrote to its ready file. The child inherits what Ray set for the actor
+(CUDA_VISIBLE_DEVICES from the bundle) plus the placement's extra environment.
 
 When the actor dies (`ray.kill`), Ray SIGKILLs its child processes. The embedded engine is one process,
 so it is gone. The vLLM engine runs in a session of its own, and its process group outlives it (vLLM's
 server, engine core, workers); tx's vLLM process leaves a watcher in that group that ends the group when
-tx's process dies, however it dies. `stop` ends the engine gracefully first (for vLLM: its whole group).
+tx's process dies, however it dies. `stop` ends the engine gracefully first, then its whole group.
 
 `wait_exit` stays pending while the engine runs: its result is the engine's exit code, and it fails
 with Ray's actor error once the actor dies. The launcher reads liveness from it without a round trip.
@@ -24,7 +23,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from tx.inference.engines.process import engine_kind, start_logged
+from tx.inference.engines.kinds import engine_kind
+from tx.inference.engines.process import STARTUP_GRACE_S, run_config, start_logged, stop
 
 
 class EngineActor:
@@ -42,20 +42,19 @@ class EngineActor:
         else:
             Path(work_dir).mkdir(parents=True, exist_ok=True)
             self.run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
-        stash = self.run_dir / "stash"
-        stash.mkdir(mode=0o700)
         if engine_fields.get("host") is None:  # loopback next to the server; the node's address elsewhere
             same_node = driver_node_ip is not None and driver_node_ip == self.node_ip
             engine_fields = {**engine_fields, "host": "127.0.0.1" if same_node else self.node_ip}
-        if "stash_dir" in self.kind.config.model_fields:  # the embedded engine stashes weights on sleep
-            engine_fields = {**engine_fields, "stash_dir": stash}
-        self.config = self.kind.config(**engine_fields, ready_file=self.run_dir / "ready.json")
+        self.fields = engine_fields
         self.process = None
 
     async def ready(self, timeout_s: float) -> dict:
-        """Start the engine; its URL and pid once it serves (RuntimeError with its log's tail if it fails)."""
+        """Start the engine (`timeout_s`: its startup bound); its URL and pid once it serves (RuntimeError
+        with its log's tail if it fails)."""
+        config = run_config(self.kind, self.run_dir, timeout_s, **self.fields)
         self.process, url = await asyncio.to_thread(
-            start_logged, self.kind, self.config, self.run_dir / "engine.log", timeout_s, cwd=self.run_dir
+            start_logged, self.kind, config, self.run_dir / "engine.log", timeout_s + STARTUP_GRACE_S,
+            cwd=self.run_dir,
         )
         return {"url": url, "pid": self.process.pid, "node_ip": self.node_ip, "run_dir": str(self.run_dir),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
@@ -69,5 +68,6 @@ class EngineActor:
         return process.returncode
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Terminate the engine (SIGTERM, then SIGKILL after `timeout_s`)."""
-        await asyncio.to_thread(self.kind.stop, self.process, timeout_s)
+        """Terminate the engine (SIGTERM, then SIGKILL to its process group after `timeout_s`)."""
+        if self.process is not None:
+            await asyncio.to_thread(stop, self.process, timeout_s)

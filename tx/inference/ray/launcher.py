@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tx.inference.engines.kinds import EngineKindName, engine_kind
+from tx.inference.engines.process import STARTUP_GRACE_S
 from tx.inference.ray import import_ray
 from tx.inference.ray.actor import EngineActor
 from tx.inference.ray.placement import ActorPlacement, PlacementSpec
@@ -118,24 +120,20 @@ class RayEngine:
 class RayLauncher:
     """Starts engines (embedded or vLLM) as Ray actors placed by a `PlacementSpec`."""
 
-    def __init__(self, placement: PlacementSpec, secret: str, *, engine: str = "embedded",
+    def __init__(self, placement: PlacementSpec, secret: str, *, engine: EngineKindName = "embedded",
                  address: str | None = None, work_dir: Path | None = None, host: str | None = None,
-                 max_adapters: int = 8, log_level: str = "info", startup_timeout_s: float = 300.0,
+                 max_adapters: int = 8, log_level: str = "info", startup_timeout_s: float | None = None,
                  placement_timeout_s: float = 60.0, stop_timeout_s: float = 10.0, **engine_options: Any) -> None:
         """`engine_options`: more fields of the engine's config (embedded: dtype, num_threads; vLLM: dtype,
-        max_lora_rank, gpu_memory_utilization, extra_args such as `--tensor-parallel-size`, ...)."""
-        if engine == "vllm":
-            from tx.inference.engines.vllm import require_vllm
-
-            require_vllm()  # a missing or unsupported vLLM fails at server start, not at the first sample
-            engine_options = {"startup_timeout_s": startup_timeout_s, **engine_options}
-        elif engine != "embedded":
-            raise ValueError(f"unknown engine {engine!r}: embedded or vllm")
-        elif placement.tensor_parallel_size != 1:
+        max_lora_rank, gpu_memory_utilization, extra_args such as `--tensor-parallel-size`, ...).
+        `startup_timeout_s`: the kind's default unless given."""
+        kind = engine_kind(engine)
+        kind.require()  # a missing or unsupported vLLM fails at server start, not at the first sample
+        if placement.tensor_parallel_size != 1 and not kind.tensor_parallel:
             raise ValueError(
-                "the embedded engine runs on one device; tensor_parallel_size > 1 needs the vLLM engine"
+                f"the {kind.label} runs on one device; tensor_parallel_size > 1 needs the vLLM engine"
             )
-        self.engine = engine
+        self.kind = kind
         self.engine_options = engine_options
         self.placement = placement
         self.secret = secret
@@ -144,7 +142,7 @@ class RayLauncher:
         self.host = host  # None: loopback on the server's node, the node's address elsewhere
         self.max_adapters = max_adapters
         self.log_level = log_level
-        self.startup_timeout_s = startup_timeout_s
+        self.startup_timeout_s = startup_timeout_s or kind.startup_timeout_s
         self.placement_timeout_s = placement_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.group: PlacementGroup | None = None
@@ -165,10 +163,10 @@ class RayLauncher:
         env = await bundle_gpus(placement, group, self.placement)
         actor_class = _remote_engine_actor().options(max_restarts=0, **ray_options(placement, group))
         here = ray.util.get_node_ip_address()
-        actor = actor_class.remote(name, self.engine, fields, env, _str(self.work_dir), here)
+        actor = actor_class.remote(name, self.kind.name, fields, env, _str(self.work_dir), here)
         try:
             ready = actor.ready.remote(self.startup_timeout_s)
-            info = await asyncio.wait_for(ready, self.startup_timeout_s + 30)
+            info = await asyncio.wait_for(ready, self.startup_timeout_s + STARTUP_GRACE_S + 30)
         except Exception as exc:
             ray.kill(actor, no_restart=True)  # pyright: ignore[reportArgumentType]  (ray types .remote() as a proxy)
             cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps what the actor raised

@@ -10,42 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 
-import uvicorn
-
-from tx.inference.engines.embedded.app import create_app
-from tx.inference.engines.embedded.config import EmbeddedEngineConfig, write_ready_file
+from tx.inference.engines.app import engine_app
+from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.inference.engines.kinds import EMBEDDED
+from tx.inference.engines.serving import ReadyServer, bind
 from tx.logging import init_logging
 
 logger = logging.getLogger("tx.inference.engines.embedded")
-
-
-class _Server(uvicorn.Server):
-    """Writes the ready file once the socket is served."""
-
-    def __init__(self, config: uvicorn.Config, engine_config: EmbeddedEngineConfig, url: str) -> None:
-        super().__init__(config)
-        self.engine_config = engine_config
-        self.url = url
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started and self.engine_config.ready_file is not None:
-            write_ready_file(self.engine_config.ready_file, self.url)
-        logger.info("engine serving at %s", self.url)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return sock
 
 
 def _exit_with_parent() -> None:
@@ -66,12 +41,9 @@ def main(config: EmbeddedEngineConfig | None = None) -> None:
     init_logging(config.log_level)
     if config.exit_with_parent:
         _exit_with_parent()
-    sock = _bind(config.host, config.port)
-    host, port = sock.getsockname()[:2]
-    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    sock, url = bind(config.host, config.port)
     engine = EmbeddedEngine(config)
-    uv_config = uvicorn.Config(create_app(engine), log_level=config.log_level, access_log=False)
-    server = _Server(uv_config, config, url)
+    server = ReadyServer(engine_app(engine, f"tx {EMBEDDED.label}"), config, url, EMBEDDED.label)
     serving = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="tx-engine-http")
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: engine.scheduler.stop())

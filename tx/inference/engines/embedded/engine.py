@@ -2,13 +2,15 @@
 
 Design / who owns what:
 - `EmbeddedEngine` validates requests against the loaded model (vocabulary, adapters, lengths) and turns the
-  contract's operations into calls on its three parts; `app.py` only maps routes to these methods.
+  contract's operations into calls on its three parts: it is the `EngineBackend` behind `engines/app.py`,
+  which maps routes to these methods and runs the blocking ones (every one but `generate`) in its threads.
 - Sleep first pauses the scheduler (reason "sleep", with the requested mode), then frees the weights; the
   reason stays until every tag is awake again, so requests that arrive meanwhile wait instead of failing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from concurrent.futures import Future
@@ -22,10 +24,13 @@ from tx.inference.engines.embedded.vision import prepare_vision
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import (
     GenerateRequest,
+    GenerateResponse,
     HealthResponse,
     IpcWeightsUpdateRequest,
     PauseMode,
     StateResponse,
+    TokenizeRequest,
+    TokenizeResponse,
     WakeTag,
     WeightsFinishRequest,
     WeightsUpdateRequest,
@@ -65,6 +70,14 @@ class EmbeddedEngine:
 
     # ---- sampling
 
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        """Queue `request` and wait for its result without blocking the event loop."""
+        if request.images:  # decoding and processing images is CPU work: keep it off the event loop
+            future = await asyncio.to_thread(self.submit, request)
+        else:
+            future = self.submit(request)
+        return await asyncio.wrap_future(future)
+
     def submit(self, request: GenerateRequest) -> Future:
         """Validate `request` (decoding its images, if any: call from a worker thread then) and queue it."""
         self._validate(request)
@@ -87,10 +100,11 @@ class EmbeddedEngine:
         if request.topk_prompt_logprobs > weights.vocab_size:
             raise UserError(f"topk_prompt_logprobs must be <= vocab size {weights.vocab_size}")
 
-    def tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+    def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         if self.weights.tokenizer is None:
             raise UserError("this model directory has no tokenizer")
-        return list(self.weights.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        ids = self.weights.tokenizer.encode(request.text, add_special_tokens=request.add_special_tokens)
+        return TokenizeResponse(token_ids=list(ids))
 
     # ---- lifecycle
 

@@ -5,14 +5,16 @@ Design / who owns what:
   `vllm serve` as its child on a Unix socket inside a private (0700) directory, waits until it is healthy, then
   serves tx's engine contract on `host:port` (loopback or a private address) and writes its ready file. Every
   route but `GET /health` needs the cluster secret; vLLM's own dev routes are reachable only through that
-  socket. `server.py` translates the contract to vLLM's routes; `translate.py` holds the pure mapping.
+  socket. `server.VllmEngine` is the backend behind tx's engine app (`engines/app.py`) and translates the
+  contract to vLLM's routes; `translate.py` holds the pure mapping.
 - Weights travel over tx's own collective groups (`tx.inference.weight_sync`): `worker.TxWorkerExtension` is
   mixed into every vLLM worker (`--worker-extension-cls`) and driven with JSON-only `/collective_rpc` calls.
   Base weights are applied with `reload_weights(weights_iterator=..., is_checkpoint_format=True)`; LoRA
   adapters are written as a PEFT directory into a private directory (on /dev/shm where it exists, so the
   files live in memory) and loaded with `/v1/load_lora_adapter` (vLLM 0.27-0.32 cannot load an adapter from
   tensors in memory).
-- `launch.VllmLauncher` implements tx's `Launcher` protocol for the manager.
+- `engines/kinds.py` (`VLLM`) says what this kind is; tx's launchers (`tx.inference.launch.LocalLauncher` with
+  `kind="vllm"`, or `RayLauncher(engine="vllm")`) start it like any other kind.
 - vLLM is imported only inside the engine process; this package checks the installed version first
   (`require_vllm`) and fails with a message that names the extra.
 """

@@ -10,7 +10,6 @@ does to an actor's children).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -19,38 +18,16 @@ import sys
 import threading
 import time
 
-import uvicorn
-
-from tx.inference.engines.config import write_ready_file
-from tx.inference.engines.embedded.__main__ import _bind
+from tx.inference.engines.app import engine_app
+from tx.inference.engines.kinds import VLLM
+from tx.inference.engines.serving import ReadyServer, bind
 from tx.inference.engines.vllm import VllmUnavailable, require_vllm
-from tx.inference.engines.vllm.app import create_app
 from tx.inference.engines.vllm.child import VllmChild, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.engines.vllm.server import BASE_MODEL_NAME, VllmEngine
 from tx.logging import init_logging
 
 logger = logging.getLogger("tx.inference.engines.vllm")
-
-
-class _Server(uvicorn.Server):
-    """Writes the ready file once tx's socket is served."""
-
-    def __init__(self, config: uvicorn.Config, engine_config: VllmEngineConfig, url: str) -> None:
-        super().__init__(config)
-        self.engine_config, self.url = engine_config, url
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        """uvicorn would re-raise SIGTERM after serving, killing this process before it stops vLLM; `main`
-        installs handlers that only ask the server to exit."""
-        yield
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets)
-        if self.started and self.engine_config.ready_file is not None:
-            write_ready_file(self.engine_config.ready_file, self.url)
-        logger.info("vLLM engine serving at %s", self.url)
 
 
 def _watch(child: VllmChild, exit_with_parent: bool, cleanup) -> None:
@@ -107,9 +84,7 @@ def main(config: VllmEngineConfig | None = None) -> None:
     except VllmUnavailable as exc:
         print(f"tx vLLM engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
-    sock = _bind(config.host, config.port)  # bound early: the port is ours while vLLM starts
-    host, port = sock.getsockname()[:2]
-    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    sock, url = bind(config.host, config.port)  # bound early: the port is ours while vLLM starts
     run_dir, lora_dir = private_dirs(config)
 
     def cleanup() -> None:
@@ -127,8 +102,7 @@ def main(config: VllmEngineConfig | None = None) -> None:
         child.wait_healthy(config.startup_timeout_s)
         logger.info("vLLM %s healthy (sleep mode %s)", version, "on" if child.sleep_mode else "off")
         engine = VllmEngine(config, child, lora_dir)
-        uv_config = uvicorn.Config(create_app(engine), log_level=config.log_level, access_log=False)
-        server = _Server(uv_config, config, url)
+        server = ReadyServer(engine_app(engine, f"tx {VLLM.label}"), config, url, VLLM.label)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
         server.run(sockets=[sock])

@@ -22,19 +22,15 @@ from typing import Any
 
 import httpx
 
-from tx.inference.engines.http import error_detail
+from tx.inference.engines.http import UpstreamError, error_detail
 from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
 from tx.inference.engines.vllm.images import is_multimodal
 
 logger = logging.getLogger(__name__)
 
 
-class VllmError(RuntimeError):
+class VllmError(UpstreamError):
     """vLLM answered an error status; `status` is passed on to tx's caller."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
 
 
 class VllmChild:

@@ -215,7 +215,7 @@ class VllmEngine:
         async with self._weights:
             answer = await self.child.rpc("tx_init_transfer", init.model_dump_json(), timeout=30)
             self.transfer = answer["state"]
-        return self.health()
+        return self.report()
 
     async def update_weights(self, request: p.WeightsUpdateRequest) -> p.WeightsUpdateResponse:
         transfer = request.transfer.model_dump_json()
@@ -288,14 +288,14 @@ class VllmEngine:
             for name in request.remove_adapters:
                 if name in self.adapters:
                     await self._unload(name)
-        return self.health()
+        return self.report()
 
     async def delete_adapter(self, name: str) -> p.HealthResponse:
         async with self._weights:
             if name not in self.adapters:
                 raise NotFoundError(f"adapter {name!r} is not loaded")
             await self._unload(name)
-        return self.health()
+        return self.report()
 
     async def _unload(self, name: str) -> None:
         del self.adapters[name]
@@ -321,7 +321,13 @@ class VllmEngine:
     def _status(self) -> str:
         return "ok" if self.child.sleep_mode else CPU_SLEEP_NOTE
 
-    def health(self) -> p.HealthResponse:
+    async def health(self) -> p.HealthResponse:
+        """`report`, with the transfer group's state asked of the workers while it is connecting."""
+        await self._refresh_transfer_state()
+        return self.report()
+
+    def report(self) -> p.HealthResponse:
+        """What `/health` says, from what this process last saw."""
         if self._placement is None:
             self._placement = _placement(self.config)
         return p.HealthResponse(
@@ -341,14 +347,13 @@ class VllmEngine:
             **self._placement,
         )
 
-    async def transfer_state(self) -> str:
-        """Ask the workers whether the group joined (health reports the last known state otherwise)."""
+    async def _refresh_transfer_state(self) -> None:
+        """Ask the workers whether the group joined (`report` has the last known state otherwise)."""
         if self.transfer in ("connecting",) and not self._weights.locked():
             try:
                 self.transfer = (await self.child.rpc("tx_transfer_state", timeout=5))["state"]
             except (VllmError, httpx.HTTPError, KeyError):
                 pass
-        return self.transfer
 
 
 def _placement(config: VllmEngineConfig) -> dict:

@@ -1,0 +1,70 @@
+"""What an engine kind is: one `EngineKind` record per kind, the only place that lists them.
+
+Every kind serves the same contract (`tx/inference/protocol.py`) through the same app (`engines/app.py`,
+`engine_app(backend)`), is run the same way (`engines/process.py`: `python -m <module>` with its config as
+JSON in the environment, in a session of its own, ready once it wrote its ready file) and is started by the
+same launchers (`tx/inference/launch.py` locally, `tx/inference/ray/` on a Ray cluster). What differs is here:
+
+| kind       | config (`.config`)     | module (`.module`; its `__main__` builds the backend) | backend behind the app |
+|------------|------------------------|-------------------------------------------------------|------------------------|
+| `embedded` | `EmbeddedEngineConfig` | `tx.inference.engines.embedded`                       | `engine.EmbeddedEngine` |
+| `vllm`     | `VllmEngineConfig`     | `tx.inference.engines.vllm`                           | `server.VllmEngine`    |
+
+This module imports only the configs (pydantic) and vLLM's version check (no vLLM import): launchers and
+`tx engine serve` read it without the engines' heavy imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from tx.inference.engines.config import EngineProcessConfig
+from tx.inference.engines.embedded.config import EmbeddedEngineConfig
+from tx.inference.engines.vllm import require_vllm
+from tx.inference.engines.vllm.config import VllmEngineConfig
+
+EngineKindName = Literal["embedded", "vllm"]
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One kind of engine: what it is called, what runs it, and what a launcher must know about it."""
+
+    name: EngineKindName
+    label: str  # how logs and errors name one ("vLLM engine")
+    module: str  # `python -m <module>` runs one engine; `<module>.__main__.main(config)`: in the foreground
+    config: type[EngineProcessConfig]
+    startup_timeout_s: float  # how long a launcher waits for one to serve, unless told otherwise
+    stop_timeout_s: float  # how long `stop` waits after SIGTERM before it SIGKILLs the engine's process group
+    tensor_parallel: bool  # whether one engine may span several GPUs
+    check: Callable[[], object] | None = None  # raises when this kind cannot run here (at launcher start)
+
+    def require(self) -> None:
+        """Fail now, with a message that says what to install, when this kind cannot run on this machine."""
+        if self.check is not None:
+            self.check()
+
+
+EMBEDDED = EngineKind(
+    name="embedded", label="embedded engine", module="tx.inference.engines.embedded",
+    config=EmbeddedEngineConfig, startup_timeout_s=300.0, stop_timeout_s=2.0, tensor_parallel=False,
+)
+VLLM = EngineKind(
+    name="vllm", label="vLLM engine", module="tx.inference.engines.vllm", config=VllmEngineConfig,
+    startup_timeout_s=600.0, stop_timeout_s=30.0, tensor_parallel=True, check=require_vllm,
+)
+ENGINE_KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (EMBEDDED, VLLM)}
+assert set(ENGINE_KINDS) == set(get_args(EngineKindName))
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The kind called `name`; ValueError naming the kinds there are."""
+    try:
+        return ENGINE_KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown engine kind {name!r}: {' or '.join(ENGINE_KINDS)}") from None
+
+
+__all__ = ["EMBEDDED", "ENGINE_KINDS", "VLLM", "EngineKind", "EngineKindName", "engine_kind"]
