@@ -31,7 +31,13 @@ from tx.backends.torch.custom_loss import (
     run_on_data,
 )
 from tx.backends.torch.lora import AdapterHost
-from tx.backends.torch.memory import OUT_OF_MEMORY, TrainerOutOfMemory, out_of_memory_message, release
+from tx.backends.torch.memory import (
+    OUT_OF_MEMORY,
+    TrainerOutOfMemory,
+    out_of_memory_message,
+    release,
+    return_freed_tensors_to_os,
+)
 from tx.backends.torch.model import load_causal_lm, read_model_info
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.plan import plan_micro_batches
@@ -75,6 +81,8 @@ class TorchBackend(TrainingBackend):
         self._paths = {name: Path(path) for name, path in models.items()}
         self.device = resolve_device(device)
         self.settings = (settings or TrainerSettings()).resolved(self.device.type)
+        if self.device.type == "cpu":
+            return_freed_tensors_to_os()  # activations live in host memory: keep the peak bounded
         self._budgets: dict[str, int] = {}
         self._image_limits = image_limits or ImageLimits()
         self._infos: dict[str, BaseModelInfo] = {}
