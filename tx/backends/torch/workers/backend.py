@@ -165,7 +165,9 @@ class WorkersBackend(LoraFilesBackend):
         )
 
     def _check_batch(self, run: _RunInfo, batch: ForwardBackwardInput) -> None:
-        """The in-process trainer's checks, on the whole batch, before any worker starts a collective."""
+        """The in-process trainer's checks, on the whole batch, before any worker starts: a rank that refused its
+        share while the others ran theirs would leave the ranks' gradients apart (or, sharded, their
+        collectives out of step), so only all of them refusing alike is a user error (`_call`)."""
         loss_fn = get_loss(batch.loss_fn)
         loss_fn.resolve_config(batch.loss_fn_config)
         vision = vision_processor(self._paths[run.base_model])
