@@ -7,8 +7,11 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import get_args
 
 from pydantic import ValidationError
+
+from tx.inference.engines.kinds import EngineKindName
 
 logger = logging.getLogger("tx")
 SHUTDOWN_GRACE_S = 1  # seconds
@@ -37,7 +40,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
     p.add_argument("--max-json-bytes", type=int, help="largest body of any other route (default 4 MiB)")
-    p.add_argument("--engine", choices=("embedded", "vllm"), help="inference engine (default embedded)")
+    p.add_argument("--engine", choices=get_args(EngineKindName), help="inference engine (default embedded)")
     p.add_argument("--engine-count", type=int,
                    help="engines tx starts per base model (default 1; 0 for a model with external engines)")
     p.add_argument("--engine-url", action="append", dest="engine_urls",
@@ -128,7 +131,7 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
         description="Serves tx's engine contract until stopped. The cluster secret comes from the environment "
         "variable TX_ENGINE_SECRET (never argv).",
     )
-    p.add_argument("--kind", choices=("embedded", "vllm"), default="embedded", help="engine (default embedded)")
+    p.add_argument("--kind", choices=get_args(EngineKindName), default="embedded", help="engine (default embedded)")
     p.add_argument("--model", required=True, help="a local model directory or a hub id in the HF cache")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind: loopback or a private cluster address (default 127.0.0.1)")

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from tx.inference.engines.kinds import EngineKindName
+
 DEFAULT_MODEL = "tiny-qwen3"
 
 
@@ -112,7 +114,7 @@ class Settings(BaseSettings):
         200 << 20, gt=0, description="Largest body of forward_backward and asample (batches, images)."
     )
     max_json_bytes: int = Field(4 << 20, gt=0, description="Largest body of any other route.")
-    engine: Literal["embedded", "vllm"] = Field(
+    engine: EngineKindName = Field(
         "embedded", description="Inference engine: the embedded transformers engine, or vLLM (the [vllm] extra)."
     )
     engine_count: int | None = Field(

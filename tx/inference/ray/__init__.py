@@ -3,7 +3,7 @@
 - `placement.py`: pure placement logic (bundles, per-actor GPU fractions); no Ray import.
 - `launcher.py`: `RayLauncher` (the `Launcher` seam) and `connect()`; imports Ray on import, through
   `import_ray`, which names the extra to install when Ray is missing.
-- `actor.py`: `EngineActor`, which owns one embedded engine process on its node.
+- `actor.py`: `EngineActor`, which owns one engine process (of any kind, `engines/kinds.py`) on its node.
 """
 
 from tx.inference.ray.placement import ActorPlacement, PlacementSpec
