@@ -83,9 +83,8 @@ class LocalLauncher:
         config = run_config(self.kind, run_dir, self.startup_timeout_s, model_dir=model_dir, port=0,
                             cluster_secret=self.secret, host=self.host, max_adapters=self.max_adapters,
                             **self.engine_options)
-        timeout_s = self.startup_timeout_s + STARTUP_GRACE_S
+        log, timeout_s = run_dir / "engine.log", self.startup_timeout_s + STARTUP_GRACE_S
         try:
-            log = run_dir / "engine.log"
             process, url = await asyncio.to_thread(start_logged, self.kind, config, log, timeout_s)
         except RuntimeError as exc:
             raise RuntimeError(f"{self.kind.label} {name} failed to start: {exc}") from exc
