@@ -1,6 +1,37 @@
+import gc
 import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.append(str(Path(__file__).parent))
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+LEFT_OPEN = pytest.StashKey[list[str]]()
+
+
+def open_tinker_sessions() -> list[str]:
+    """The tinker sessions of this process that still heartbeat: each was never closed (or its close never
+    reached a server), so once its server is gone the SDK logs heartbeat failures until the process ends."""
+    holder_class = getattr(sys.modules.get("tinker.lib.internal_client_holder"), "InternalClientHolder", None)
+    if holder_class is None:
+        return []
+    return [f"{holder._session_id} at {holder._base_url}" for holder in gc.get_objects()
+            if isinstance(holder, holder_class)
+            and holder._session_heartbeat_task is not None and not holder._session_heartbeat_task.done()]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail a run that leaves tinker sessions open: close each ServiceClient while its server still runs
+    (`with server.client() as client`), or `abandon` it once its server was killed (tests/txserver.py)."""
+    session.config.stash[LEFT_OPEN] = open_tinker_sessions()
+    if session.config.stash[LEFT_OPEN]:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    left_open = config.stash.get(LEFT_OPEN, [])
+    if left_open:
+        terminalreporter.section("tinker sessions left open", red=True)
+        terminalreporter.line(f"{len(left_open)} session(s), whose heartbeats would fail (and warn) for the rest "
+                              "of the run: " + ", ".join(left_open), red=True)

@@ -1,4 +1,9 @@
-"""Start a real `tx serve` process on a free loopback port, for tests and benchmarks."""
+"""Start a real `tx serve` process on a free loopback port, for tests and benchmarks.
+
+In a fixture: `with TxServer(dir, args=[...]) as server: yield server` (stopped at teardown, and also when the
+fixture fails), and `with server.client() as client: yield client` (its session finished while the server
+still runs).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
+import tinker
 
 API_KEY = "tml-test-key"
 
@@ -45,8 +54,32 @@ class TxServer:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
-        self._wait_healthy(timeout_s)
+        try:
+            self._wait_healthy(timeout_s)
+        except TimeoutError:
+            self.stop()  # not left running behind a failed fixture
+            raise
         return self
+
+    def __enter__(self) -> TxServer:
+        """Starts the server unless it runs (`with server.start(timeout_s=...)` starts it with options)."""
+        return self.start() if self.proc is None or self.proc.poll() is not None else self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    @contextmanager
+    def client(self, api_key: str = API_KEY, **options: Any) -> Iterator[tinker.ServiceClient]:
+        """A ServiceClient of this server whose session is finished on exit, and waited for: a session left
+        open keeps heartbeating after the server stops, and the SDK warns about it at the end of the run."""
+        with tinker.ServiceClient(base_url=self.url, api_key=api_key, **options) as client:
+            yield client
+
+    def engine_groups(self) -> list[dict[str, Any]]:
+        """The engine groups as `GET /api/v1/tx/engines` shows them."""
+        answer = httpx.get(f"{self.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
+        answer.raise_for_status()
+        return answer.json()["groups"]
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -76,3 +109,9 @@ class TxServer:
 
     def client_env(self) -> dict[str, str]:
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0"}
+
+
+def abandon(client: tinker.ServiceClient) -> None:
+    """Stop the heartbeats of a client whose server was killed, as a crashed user's process would: its session
+    cannot be finished any more, and the SDK would warn about failed heartbeats for the rest of the run."""
+    client.holder.close()

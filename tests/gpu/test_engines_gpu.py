@@ -308,26 +308,19 @@ def test_cuda_ipc_into_a_vllm_engine_on_the_same_gpu(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_rl_toy_task_with_colocated_engines_on_the_gpu(tmp_path):
-    import tinker
     from rl_toy import assert_reward_rose, run_rl_toy
-    from txserver import API_KEY, TxServer
+    from txserver import TxServer
 
-    server = TxServer(tmp_path / "data", args=["--engine-colocate"]).start()
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    try:
+    with TxServer(tmp_path / "data", args=["--engine-colocate"]) as server, server.client() as client:
         rewards = run_rl_toy(client, "tiny-qwen3")
-        state = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=30)
-        state = state.json()
-        engines = [e for g in state["groups"] for e in g["engines"]]
-        assert engines and all(e["alive"] for e in engines), state
+        groups = server.engine_groups()
+        engines = [e for g in groups for e in g["engines"]]
+        assert engines and all(e["alive"] for e in engines), groups
         # trainer and engines share the GPU: CUDA IPC handles (never NCCL, which allows one rank per GPU)
-        assert all(e["transport"]["kind"] == "ipc" for e in engines), state
+        assert all(e["transport"]["kind"] == "ipc" for e in engines), groups
         # the last optim_step put the colocated engines to sleep (level 1: weights off the GPU)
-        assert state["groups"][0]["state"] == "asleep", state
-        assert all(e["health"]["sleeping_level"] == 1 for e in engines), state
+        assert groups[0]["state"] == "asleep", groups
+        assert all(e["health"]["sleeping_level"] == 1 for e in engines), groups
         logs = [p.read_text(errors="replace") for p in (tmp_path / "data" / "engines").glob("*/engine.log")]
         assert logs and all("loaded on cuda" in log for log in logs), "the engines did not run on the GPU"
         assert_reward_rose(rewards)
-    finally:
-        client.close("success")
-        server.stop()

@@ -14,10 +14,9 @@ from txserver import API_KEY, TxServer
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """One tx server for the integration tests, on the built-in tiny model."""
-    srv = TxServer(tmp_path_factory.mktemp("tx-data"), args=["--seq-gap-timeout-s", "3"],
-                   env={"TX_JANITOR_INTERVAL_S": "1"}).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-data"), args=["--seq-gap-timeout-s", "3"],
+                  env={"TX_JANITOR_INTERVAL_S": "1"}) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +24,8 @@ def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServe
     """A tx server whose trainer runs on 2 worker processes (gloo; the tiny base held whole on each, the
     default); they start on the first run."""
     args = ["--seq-gap-timeout-s", "3", "--trainer-workers", "2"]
-    srv = TxServer(tmp_path_factory.mktemp("tx-workers"), args=args).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-workers"), args=args) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="session")
@@ -35,16 +33,14 @@ def jax_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """A `tx serve --backend jax` (the [jax] extra), for the tests parametrised with it."""
     pytest.importorskip("jax")
     args = ["--backend", "jax", "--seq-gap-timeout-s", "3", "--no-engine-colocate"]
-    srv = TxServer(tmp_path_factory.mktemp("tx-jax"), args=args).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-jax"), args=args) as srv:
+        yield srv
 
 
 @pytest.fixture
 def service_client(server: TxServer) -> Iterator[tinker.ServiceClient]:
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield client
-    client.close("success")
+    with server.client() as client:
+        yield client
 
 
 @dataclass
@@ -69,11 +65,11 @@ def sft_datum(tokens: list[int]) -> types.Datum:
 
 @pytest.fixture(scope="session")
 def trained(server: TxServer) -> Iterator[Trained]:
-    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    tc = service.create_lora_training_client("tiny-qwen3", rank=4, seed=0).result()
-    tokens = np.random.default_rng(7).integers(10, 1990, size=24).tolist()
-    for _ in range(3):
-        tc.forward_backward([sft_datum(tokens)], "cross_entropy")
-        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    yield Trained(service, tc, tinker.RestClient(base_url=server.url, api_key=API_KEY), tc.save_state("trained").result().path, tokens)
-    service.close("success")
+    with server.client() as service:
+        tc = service.create_lora_training_client("tiny-qwen3", rank=4, seed=0).result()
+        tokens = np.random.default_rng(7).integers(10, 1990, size=24).tolist()
+        for _ in range(3):
+            tc.forward_backward([sft_datum(tokens)], "cross_entropy")
+            tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        rest = tinker.RestClient(base_url=server.url, api_key=API_KEY)
+        yield Trained(service, tc, rest, tc.save_state("trained").result().path, tokens)

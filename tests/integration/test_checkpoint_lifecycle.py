@@ -20,9 +20,8 @@ OTHER_KEY = "tml-someone-else"
 
 @pytest.fixture(scope="module")
 def other(server: TxServer) -> Iterator[tinker.ServiceClient]:
-    client = tinker.ServiceClient(base_url=server.url, api_key=OTHER_KEY)
-    yield client
-    client.close("success")
+    with server.client(OTHER_KEY) as client:
+        yield client
 
 
 def checkpoint_dir(server: TxServer, path: str):
@@ -99,7 +98,7 @@ def test_an_expired_checkpoint_vanishes_and_the_sweeper_frees_its_disk(server: T
 
 
 def test_user_checkpoints_page_with_a_cursor(server: TxServer) -> None:
-    with tinker.ServiceClient(base_url=server.url, api_key="tml-pager") as service:
+    with server.client("tml-pager") as service:
         tc = service.create_lora_training_client("tiny-qwen3", rank=4).result()
         saved = [tc.save_state(f"p{i}").result().path for i in range(5)]
         rest = tinker.RestClient(base_url=server.url, api_key="tml-pager")

@@ -13,7 +13,7 @@ import pytest
 import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import API_KEY, TxServer, abandon
 
 DATA = [types.Datum(model_input=types.ModelInput.from_ints([3, 4, 5, 6]),
                     loss_fn_inputs={"target_tokens": [4, 5, 6, 7], "weights": [1.0] * 4})]
@@ -33,6 +33,7 @@ def kill_during_saves(server: TxServer, rng: random.Random) -> str:
     time.sleep(rng.uniform(0.3, 1.0))
     os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait(10)
+    abandon(client)
     return tc.model_id
 
 
@@ -48,12 +49,11 @@ def test_checkpoints_load_after_a_kill_during_save_state(tmp_path: Path) -> None
             left += len(leftovers(data_dir))
         server.start()
         assert leftovers(data_dir) == [], f"{left} leftovers before the restart"
-        client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-        tc = client.create_lora_training_client("tiny-qwen3", rank=4).result()
-        for model_id in model_ids:
-            for checkpoint in client.create_rest_client().list_checkpoints(model_id).result().checkpoints:
-                tc.load_state(checkpoint.tinker_path).result()
-                assert tc.forward(DATA, "cross_entropy").result().metrics["loss:sum"] > 0
-        client.close("success")
+        with server.client() as client:
+            tc = client.create_lora_training_client("tiny-qwen3", rank=4).result()
+            for model_id in model_ids:
+                for checkpoint in client.create_rest_client().list_checkpoints(model_id).result().checkpoints:
+                    tc.load_state(checkpoint.tinker_path).result()
+                    assert tc.forward(DATA, "cross_entropy").result().metrics["loss:sum"] > 0
     finally:
         server.stop()

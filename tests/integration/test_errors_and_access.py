@@ -26,9 +26,8 @@ def datum(tokens: list[int], **inputs) -> types.Datum:
 
 @pytest.fixture(scope="module")
 def tc(server: TxServer) -> Iterator[tinker.TrainingClient]:
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield client.create_lora_training_client(BASE, rank=4).result()
-    client.close("success")
+    with server.client() as client:
+        yield client.create_lora_training_client(BASE, rank=4).result()
 
 
 def test_unknown_base_model_is_a_clear_4xx(service_client: tinker.ServiceClient) -> None:
@@ -106,18 +105,17 @@ def test_unknown_future_is_404(server: TxServer) -> None:
 
 def test_another_key_cannot_see_or_touch_a_run(server: TxServer, tc: tinker.TrainingClient) -> None:
     path = tc.save_state("private").result().path
-    other = tinker.ServiceClient(base_url=server.url, api_key="tml-someone-else")
-    rest = other.create_rest_client()
-    with pytest.raises(tinker.NotFoundError):
-        rest.get_training_run(tc.model_id).result()
-    with pytest.raises(tinker.NotFoundError):
-        rest.list_checkpoints(tc.model_id).result()
-    with pytest.raises(tinker.NotFoundError):
-        rest.get_weights_info_by_tinker_path(path).result()
-    with pytest.raises(tinker.NotFoundError):
-        other.create_training_client_from_state(path).result()
-    assert tc.model_id not in [r.training_run_id for r in rest.list_training_runs().result().training_runs]
-    other.close("success")
+    with server.client("tml-someone-else") as other:
+        rest = other.create_rest_client()
+        with pytest.raises(tinker.NotFoundError):
+            rest.get_training_run(tc.model_id).result()
+        with pytest.raises(tinker.NotFoundError):
+            rest.list_checkpoints(tc.model_id).result()
+        with pytest.raises(tinker.NotFoundError):
+            rest.get_weights_info_by_tinker_path(path).result()
+        with pytest.raises(tinker.NotFoundError):
+            other.create_training_client_from_state(path).result()
+        assert tc.model_id not in [r.training_run_id for r in rest.list_training_runs().result().training_runs]
 
 
 def _fwd_body(model_id: str, seq_id: int) -> bytes:
@@ -153,9 +151,8 @@ def _result(server: TxServer, request_id: str) -> httpx.Response:
 @pytest.fixture
 def new_model(server: TxServer) -> Iterator[str]:
     """A fresh model's id; its client is closed after the test (its session, and the model, end with it)."""
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield client.create_lora_training_client(BASE, rank=4).result().model_id
-    client.close("success")
+    with server.client() as client:
+        yield client.create_lora_training_client(BASE, rank=4).result().model_id
 
 
 def test_repeated_seq_id_returns_the_original_future(server: TxServer, new_model: str) -> None:
@@ -196,10 +193,9 @@ REFUSED_CALLS = {
 def test_a_call_refused_at_submission_does_not_stall_the_next(server: TxServer, refused: str) -> None:
     """The refused call (a 4xx, not a failed future) used up a seq_id; the next call runs at once: the queue
     never waits out the (3 s) gap timeout for it, which the server would log as a skipped seq_id."""
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    tc = client.create_lora_training_client(BASE, rank=4).result()
-    with pytest.raises((tinker.BadRequestError, tinker.UnprocessableEntityError)):
-        REFUSED_CALLS[refused](tc).result(timeout=30)
-    tc.forward_backward([datum([1, 2, 3])], "cross_entropy").result(timeout=60)
-    assert f"model {tc.model_id}: seq_id" not in server.log()
-    client.close("success")
+    with server.client() as client:
+        tc = client.create_lora_training_client(BASE, rank=4).result()
+        with pytest.raises((tinker.BadRequestError, tinker.UnprocessableEntityError)):
+            REFUSED_CALLS[refused](tc).result(timeout=30)
+        tc.forward_backward([datum([1, 2, 3])], "cross_entropy").result(timeout=60)
+        assert f"model {tc.model_id}: seq_id" not in server.log()

@@ -25,7 +25,7 @@ import tinker
 from tinker import types
 
 from rl_toy import assert_reward_rose, run_rl_toy
-from txserver import API_KEY, TxServer, free_port
+from txserver import TxServer, free_port
 
 pytestmark = pytest.mark.slow
 SECRET = "external-engines-test-secret"
@@ -152,29 +152,24 @@ def server(fleet: list[UserEngine], model_dir: Path, tmp_path_factory: pytest.Te
     for engine in fleet:
         args += ["--engine-url", engine.url]
     env = {"TX_ENGINE_SECRET": SECRET, "TX_ENGINE_MAX_ADAPTERS": "4"}  # the vLLM engine's --max-adapters
-    srv = TxServer(tmp_path_factory.mktemp("tx-external"), args=args, env=env).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-external"), args=args, env=env) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server: TxServer) -> Iterator[tinker.ServiceClient]:
-    c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield c
-    c.close("success")
+    with server.client() as c:
+        yield c
 
 
 def engines(server: TxServer) -> dict[str, dict]:
     """The external engines by URL, as /api/v1/tx/engines shows them."""
-    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
-    answer.raise_for_status()
-    (group,) = answer.json()["groups"]
+    (group,) = server.engine_groups()
     return {e["url"]: e for e in group["engines"]}
 
 
 def server_model(server: TxServer) -> str:
-    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
-    return answer.json()["groups"][0]["base_model"]
+    return server.engine_groups()[0]["base_model"]
 
 
 def served_requests(server: TxServer) -> dict[str, int]:

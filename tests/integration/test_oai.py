@@ -21,18 +21,17 @@ PROMPT = "The capital of France is"
 @pytest.fixture(scope="module")
 def trained(server: TxServer) -> Iterator[tuple[str, tinker.SamplingClient, object]]:
     """A sampler checkpoint after a few SFT steps, its SDK sampling client and the model's tokenizer."""
-    service = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    tc = service.create_lora_training_client(BASE, rank=8, seed=0).result()
-    tokenizer = tc.get_tokenizer()
-    tokens = tokenizer.encode(PROMPT + " Paris, and the capital of Italy is Rome.")
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-    for _ in range(5):
-        tc.forward_backward([datum], "cross_entropy").result()
-        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
-    path = tc.save_weights_for_sampler("oai").result().path
-    yield path, service.create_sampling_client(model_path=path).result(), tokenizer
-    service.close("success")
+    with server.client() as service:
+        tc = service.create_lora_training_client(BASE, rank=8, seed=0).result()
+        tokenizer = tc.get_tokenizer()
+        tokens = tokenizer.encode(PROMPT + " Paris, and the capital of Italy is Rome.")
+        datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+        for _ in range(5):
+            tc.forward_backward([datum], "cross_entropy").result()
+            tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        path = tc.save_weights_for_sampler("oai").result().path
+        yield path, service.create_sampling_client(model_path=path).result(), tokenizer
 
 
 @pytest.fixture(scope="module")

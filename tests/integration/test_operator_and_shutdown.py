@@ -14,7 +14,7 @@ import pytest
 import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import API_KEY, TxServer, abandon
 
 OPERATOR_KEY = "operator-key-" + "k" * 16
 ENGINES = "/api/v1/tx/engines"
@@ -22,10 +22,9 @@ ENGINES = "/api/v1/tx/engines"
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = TxServer(tmp_path_factory.mktemp("tx-keyed"),
-                   args=["--api-key", API_KEY, "--operator-key", OPERATOR_KEY, "--no-engine-colocate"]).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-keyed"),
+                  args=["--api-key", API_KEY, "--operator-key", OPERATOR_KEY, "--no-engine-colocate"]) as srv:
+        yield srv
 
 
 def test_the_engines_route_needs_an_operator_key(keyed_server: TxServer) -> None:
@@ -67,6 +66,7 @@ def test_sigterm_with_an_engine_up_and_a_step_in_flight_stops_in_seconds(keyed_s
     os.killpg(keyed_server.proc.pid, signal.SIGTERM)
     keyed_server.proc.wait(30)
     took = time.monotonic() - started
+    abandon(client)
     assert took < 5.0, f"tx serve took {took:.1f} s to stop:\n{keyed_server.log()[-3000:]}"
     # uvicorn shuts down, then exits by the signal it caught
     assert keyed_server.proc.returncode in (0, -signal.SIGTERM), keyed_server.proc.returncode

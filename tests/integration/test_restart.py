@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -22,9 +21,8 @@ def store_args(request) -> list[str]:
 
 
 def test_state_survives_restart(tmp_path, store_args: list[str]) -> None:
-    server = TxServer(tmp_path / "data", args=store_args).start()
-    try:
-        client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    server = TxServer(tmp_path / "data", args=store_args)
+    with server, server.client() as client:
         tc = client.create_lora_training_client("tiny-qwen3", rank=4).result()
         data = [types.Datum(model_input=types.ModelInput.from_ints([3, 4, 5, 6]),
                             loss_fn_inputs={"target_tokens": [4, 5, 6, 7], "weights": [1.0] * 4})]
@@ -33,13 +31,8 @@ def test_state_survives_restart(tmp_path, store_args: list[str]) -> None:
         path = tc.save_state("before-restart").result().path
         loss = tc.forward(data, "cross_entropy").result().metrics["loss:sum"]
         model_id = tc.model_id
-        client.close("success")  # its heartbeats would otherwise fail for the rest of the test run
-    finally:
-        server.stop()
 
-    server.start()
-    try:
-        client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+    with server, server.client() as client:
         rest = client.create_rest_client()
         run = rest.get_training_run(model_id).result()
         assert run.base_model == "tiny-qwen3" and run.lora_rank == 4
@@ -47,6 +40,3 @@ def test_state_survives_restart(tmp_path, store_args: list[str]) -> None:
         assert path in paths
         resumed = client.create_training_client_from_state_with_optimizer(path).result()
         assert resumed.forward(data, "cross_entropy").result().metrics["loss:sum"] == loss
-        client.close("success")
-    finally:
-        server.stop()

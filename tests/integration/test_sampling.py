@@ -27,21 +27,17 @@ BF16_SAMPLED_GAP = 0.1
 
 
 def engines(server: TxServer) -> list[dict]:
-    r = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=30)
-    r.raise_for_status()
-    return [e for g in r.json()["groups"] for e in g["engines"]]
+    return [e for g in server.engine_groups() for e in g["engines"]]
 
 
 def group_state(server: TxServer) -> str:
-    r = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=30)
-    return r.json()["groups"][0]["state"]
+    return server.engine_groups()[0]["state"]
 
 
 @pytest.fixture(scope="module")
 def sampling_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = TxServer(tmp_path_factory.mktemp("tx-sampling"), args=["--no-engine-colocate"]).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-sampling"), args=["--no-engine-colocate"]) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +45,8 @@ def client(request: pytest.FixtureRequest) -> Iterator[tinker.ServiceClient]:
     """A client of this module's torch server, or of the jax server for tests marked BOTH_BACKENDS."""
     backend = getattr(request, "param", "torch")
     server = request.getfixturevalue("jax_server" if backend == "jax" else "sampling_server")
-    c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield c
-    c.close("success")
+    with server.client() as c:
+        yield c
 
 
 def sft_datum(tokens: list[int]) -> types.Datum:
@@ -118,21 +113,17 @@ def test_sampler_logprobs_match_trainer_before_and_after_training(client: tinker
 def bf16_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """Trainer in bfloat16 on CPU; its engine follows the trainer's dtype (no --engine-dtype given)."""
     args = ["--no-engine-colocate", "--train-dtype", "bfloat16"]
-    srv = TxServer(tmp_path_factory.mktemp("tx-bf16"), args=args).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-bf16"), args=args) as srv:
+        yield srv
 
 
 def test_bf16_sampler_logprobs_match_trainer(bf16_server: TxServer) -> None:
     """In bf16, prompt logprobs (one full pass on either side) agree as in fp32; sampled tokens' agree within
     BF16_SAMPLED_GAP, since the engine decodes one token at a time over a bf16 KV cache (other matmul shapes,
     other rounding) while the trainer scores the sequence in one pass."""
-    client = tinker.ServiceClient(base_url=bf16_server.url, api_key=API_KEY)
-    try:
+    with bf16_server.client() as client:
         for gaps in sampler_trainer_gaps(client):
             assert gaps["prompt"] < 1e-3 and gaps["sampled"] < BF16_SAMPLED_GAP, gaps
-    finally:
-        client.close("success")
 
 
 @BOTH_BACKENDS
@@ -182,15 +173,21 @@ def test_unknown_sampler_and_bad_prompt(client: tinker.ServiceClient, sampling_s
 
 @pytest.fixture(scope="module")
 def colocated_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = TxServer(tmp_path_factory.mktemp("tx-colocated"),
-                   args=["--engine-colocate", "--engine-count", "2"]).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-colocated"),
+                  args=["--engine-colocate", "--engine-count", "2"]) as srv:
+        yield srv
 
 
-def test_colocated_engines_sleep_for_training_and_wake_to_sample(colocated_server: TxServer) -> None:
-    client = tinker.ServiceClient(base_url=colocated_server.url, api_key=API_KEY)
-    tc = client.create_lora_training_client(BASE, rank=4).result()
+@pytest.fixture
+def colocated_client(colocated_server: TxServer) -> Iterator[tinker.ServiceClient]:
+    """A session of its own for each test."""
+    with colocated_server.client() as client:
+        yield client
+
+
+def test_colocated_engines_sleep_for_training_and_wake_to_sample(colocated_server: TxServer,
+                                                                 colocated_client: tinker.ServiceClient) -> None:
+    tc = colocated_client.create_lora_training_client(BASE, rank=4).result()
     prompt = types.ModelInput.from_ints([5, 6, 7])
     sampler = tc.save_weights_and_get_sampling_client()
     sampler.sample(prompt, 1, types.SamplingParams(max_tokens=3)).result()
@@ -204,24 +201,22 @@ def test_colocated_engines_sleep_for_training_and_wake_to_sample(colocated_serve
     got = sampler.compute_logprobs(types.ModelInput.from_ints([5, 6, 7, 8])).result()
     assert group_state(colocated_server) == "awake"
     np.testing.assert_allclose(got[1:], expected["logprobs"].to_numpy(), atol=1e-3)
-    client.close("success")
 
 
-def test_a_sessions_requests_stay_on_one_engine(colocated_server: TxServer) -> None:
-    client = tinker.ServiceClient(base_url=colocated_server.url, api_key=API_KEY)
+def test_a_sessions_requests_stay_on_one_engine(colocated_server: TxServer,
+                                                 colocated_client: tinker.ServiceClient) -> None:
     params = types.SamplingParams(max_tokens=2)
 
     def counts() -> list[int]:
         return [e["health"]["stats"]["num_requests"] for e in engines(colocated_server)]
 
     for _ in range(3):
-        sampler = client.create_sampling_client(base_model=BASE)
+        sampler = colocated_client.create_sampling_client(base_model=BASE)
         before = counts()
         for i in range(4):
             sampler.sample(types.ModelInput.from_ints([1, 2, i + 3]), 1, params).result()
         grown = [a - b for a, b in zip(counts(), before)]
         assert sorted(grown) == [0, 4], grown
-    client.close("success")
 
 
 def test_a_name_saved_again_serves_the_new_weights(client: tinker.ServiceClient) -> None:

@@ -17,17 +17,15 @@ BASE = "tiny-qwen3"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """At most one sample in flight: a second one at the same moment gets a 429."""
-    srv = TxServer(tmp_path_factory.mktemp("tx-limits"),
-                   args=["--no-engine-colocate"], env={"TX_SAMPLING_MAX_QUEUE": "1"}).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-limits"),
+                  args=["--no-engine-colocate"], env={"TX_SAMPLING_MAX_QUEUE": "1"}) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def sampler(server: TxServer) -> Iterator[tinker.SamplingClient]:
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield client.create_sampling_client(base_model=BASE)
-    client.close("success")
+    with server.client() as client:
+        yield client.create_sampling_client(base_model=BASE)
 
 
 def test_the_sdk_retry_after_a_429_succeeds(sampler: tinker.SamplingClient) -> None:

@@ -11,12 +11,11 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 
 pytestmark = pytest.mark.slow
 BASE = "tiny-qwen3"
@@ -25,16 +24,14 @@ ROUNDS = 4  # samples per sampler in the SIGKILL test: enough that the kill land
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = TxServer(tmp_path_factory.mktemp("tx-load"), args=["--no-engine-colocate"]).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-load"), args=["--no-engine-colocate"]) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server: TxServer) -> Iterator[tinker.ServiceClient]:
-    c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield c
-    c.close("success")
+    with server.client() as c:
+        yield c
 
 
 def sample_many(sampler: tinker.SamplingClient, count: int, first_token: int, max_tokens: int = 8) -> list:
@@ -58,8 +55,7 @@ def test_64_sampling_clients_at_once(client: tinker.ServiceClient) -> None:
 def test_sigkill_under_16_samplers(server: TxServer, client: tinker.ServiceClient) -> None:
     samplers = [client.create_sampling_client(base_model=BASE).result() for _ in range(16)]
     sample_many(samplers[0], 1, 3)
-    (pid,) = [e["pid"] for g in httpx.get(f"{server.url}/api/v1/tx/engines").json()["groups"]
-              for e in g["engines"]]
+    (pid,) = [e["pid"] for g in server.engine_groups() for e in g["engines"]]
     outcomes: list[str] = []
 
     def run(i: int) -> None:

@@ -12,8 +12,7 @@ HEADERS = {"X-API-Key": API_KEY}
 
 
 def test_silent_session_is_finished_and_its_model_freed(tmp_path) -> None:
-    server = TxServer(tmp_path / "data", env={"TX_SESSION_TIMEOUT_S": "2", "TX_JANITOR_INTERVAL_S": "0.5"}).start()
-    try:
+    with TxServer(tmp_path / "data", env={"TX_SESSION_TIMEOUT_S": "2", "TX_JANITOR_INTERVAL_S": "0.5"}) as server:
         with httpx.Client(base_url=f"{server.url}/api/v1", headers=HEADERS, timeout=60) as http:
             session = http.post("/create_session", json={"tags": [], "user_metadata": {}}).json()["session_id"]
             future = http.post("/create_model", json={
@@ -31,5 +30,3 @@ def test_silent_session_is_finished_and_its_model_freed(tmp_path) -> None:
                                                   "adam_params": {"learning_rate": 1e-3}})
             assert step.status_code == 400 and "not loaded" in step.json()["detail"]
         assert "sent no heartbeat" in server.log()
-    finally:
-        server.stop()

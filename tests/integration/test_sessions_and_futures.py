@@ -3,6 +3,7 @@ retrieve_futures, cancel_future), through the SDK where it has a call, else its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.request
 
@@ -43,9 +44,10 @@ def test_sessions_list_get_and_project(server: TxServer, trained: Trained) -> No
 @pytest.mark.filterwarnings("ignore:RestClient.search_sessions is experimental")
 def test_session_search(server: TxServer) -> None:
     key = "tml-searcher"
-    services = [tinker.ServiceClient(base_url=server.url, api_key=key, display_name=f"nightly run {i}",
-                                     user_metadata={"team": "a" if i else "b"}) for i in range(3)]
-    try:
+    with contextlib.ExitStack() as stack:
+        services = [stack.enter_context(server.client(key, display_name=f"nightly run {i}",
+                                                      user_metadata={"team": "a" if i else "b"}))
+                    for i in range(3)]
         samplers = [s.create_sampling_client(base_model="tiny-qwen3").result() for s in services]
         ids = [session_of(sampler._sampling_session_id) for sampler in samplers]
         rest = tinker.RestClient(base_url=server.url, api_key=key)
@@ -60,9 +62,6 @@ def test_session_search(server: TxServer) -> None:
         finished = rest.search_sessions(SessionSearchRequest.model_validate(
             {"statuses": [{"type": "client_finished", "reasons": ["success"]}]})).result()
         assert [s.display_name for s in finished.sessions] == ["nightly run 0"]
-    finally:
-        for service in services[1:]:
-            service.close("success")
 
 
 def test_trace_export_is_a_chrome_trace_of_the_session(trained: Trained) -> None:
@@ -79,7 +78,7 @@ def test_trace_export_is_a_chrome_trace_of_the_session(trained: Trained) -> None
 
 
 def test_retrieve_futures_reports_each_clones_completions(server: TxServer) -> None:
-    with tinker.ServiceClient(base_url=server.url, api_key=API_KEY) as service:
+    with server.client() as service:
         sampler = service.create_sampling_client(base_model="tiny-qwen3").result()._sampling_session_id
         sample = {"sampling_session_id": sampler, "num_samples": 1, "prompt_logprobs": False,
                   "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
@@ -107,7 +106,7 @@ def test_retrieve_futures_reports_each_clones_completions(server: TxServer) -> N
 
 
 def test_cancel_future_fails_a_queued_operation(server: TxServer) -> None:
-    with tinker.ServiceClient(base_url=server.url, api_key=API_KEY) as service:
+    with server.client() as service:
         tc = service.create_lora_training_client("tiny-qwen3", rank=4).result()
         queued = post(server, "optim_step", {"model_id": tc.model_id, "seq_id": 2, "type": "optim_step",
                                              "adam_params": {"learning_rate": 1e-4}}).json()["request_id"]

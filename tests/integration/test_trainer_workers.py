@@ -8,10 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 
 BASE = "tiny-qwen3"
 DATA = [
@@ -38,8 +37,7 @@ def worker_pid(server: TxServer, rank: int) -> int:
 
 def test_samplers_get_the_weights_the_workers_trained(workers_server: TxServer) -> None:
     """The engines receive rank 0's gathered LoRA: sampled logprobs equal the trainer's after training."""
-    client = tinker.ServiceClient(base_url=workers_server.url, api_key=API_KEY)
-    try:
+    with workers_server.client() as client:
         tc = client.create_lora_training_client(BASE, rank=4, seed=1).result()
         for _ in range(3):
             tc.forward_backward(DATA, "cross_entropy").result()
@@ -55,13 +53,10 @@ def test_samplers_get_the_weights_the_workers_trained(workers_server: TxServer) 
         )
         trained = tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
         np.testing.assert_allclose(seq.logprobs, trained[len(prompt) - 1 :], atol=1e-3)
-    finally:
-        client.close("success")
 
 
 def test_a_killed_worker_fails_the_step_and_runs_restore_from_checkpoints(workers_server: TxServer) -> None:
-    client = tinker.ServiceClient(base_url=workers_server.url, api_key=API_KEY)
-    try:
+    with workers_server.client() as client:
         tc = client.create_lora_training_client(BASE, rank=4, seed=0).result()
         tc.forward_backward(DATA, "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -80,5 +75,3 @@ def test_a_killed_worker_fails_the_step_and_runs_restore_from_checkpoints(worker
         assert restored.forward(DATA, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
             expected, 1e-5
         )
-    finally:
-        client.close("success")

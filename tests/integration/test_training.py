@@ -8,7 +8,6 @@ import tinker
 import torch
 from tinker import types
 
-from txserver import API_KEY
 
 BASE = "tiny-qwen3"
 
@@ -22,9 +21,8 @@ def trainer_client(request: pytest.FixtureRequest):
     """A ServiceClient on the in-process trainer, then on one whose trainer runs on 2 workers (and on the jax
     backend for tests marked AND_JAX)."""
     server = request.getfixturevalue(TRAINER_SERVERS[request.param])
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield client
-    client.close("success")
+    with server.client() as client:
+        yield client
 
 
 def sequences(n: int = 4, length: int = 33, seed: int = 0) -> list[list[int]]:

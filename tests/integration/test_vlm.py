@@ -20,7 +20,7 @@ import pytest
 import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_PIXELS = 100_000
@@ -84,16 +84,14 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> tuple[TxServer, str, Path]:
     args = ["--base-model", str(model_dir), "--no-engine-colocate", "--image-max-pixels", str(MAX_PIXELS),
             "--asset-root", str(assets), "--asset-host", "127.0.0.1", "--asset-host", "127.0.0.2",
             "--asset-allowed-network", "127.0.0.1/32"]
-    server = TxServer(root / "data", args=args, env={"OMP_NUM_THREADS": "1"}).start()
-    yield server, str(model_dir), root
-    server.stop()
+    with TxServer(root / "data", args=args, env={"OMP_NUM_THREADS": "1"}) as server:
+        yield server, str(model_dir), root
 
 
 @pytest.fixture(scope="module")
 def client(vlm) -> Iterator[tinker.ServiceClient]:
-    service = tinker.ServiceClient(base_url=vlm[0].url, api_key=API_KEY)
-    yield service
-    service.close("success")
+    with vlm[0].client() as service:
+        yield service
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import tinker
 from tinker import types
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 from vllm_engine.vllm_helpers import vllm_missing
 
 ray = pytest.importorskip("ray")
@@ -36,17 +35,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     if reason is not None:
         pytest.skip(reason)
     server = TxServer(tmp_path_factory.mktemp("tx-ray-vllm") / "data",
-                      args=["--engine", "vllm", "--ray-address", "local"],
-                      env={"RAY_AUTH_MODE": "disabled"}).start(timeout_s=180)
-    yield server
-    server.stop()
+                      args=["--engine", "vllm", "--ray-address", "local"], env={"RAY_AUTH_MODE": "disabled"})
+    with server.start(timeout_s=180):
+        yield server
 
 
 @pytest.fixture(scope="module")
 def training(server: TxServer) -> Iterator[tinker.TrainingClient]:
-    client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield client.create_lora_training_client(BASE, rank=8, seed=1).result()
-    client.close("success")
+    with server.client() as client:
+        yield client.create_lora_training_client(BASE, rank=8, seed=1).result()
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +53,7 @@ def sampler(training: tinker.TrainingClient) -> tinker.SamplingClient:
 
 
 def _engines(server: TxServer) -> list[dict]:
-    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
-    (group,) = answer.json()["groups"]
+    (group,) = server.engine_groups()
     return group["engines"]
 
 

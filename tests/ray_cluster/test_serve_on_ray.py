@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
-import tinker
 from tinker import types
 
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 
 ray = pytest.importorskip("ray")
 if not hasattr(ray, "init"):
@@ -17,16 +15,11 @@ pytestmark = pytest.mark.ray
 
 def test_serve_places_engines_as_ray_actors(tmp_path) -> None:
     server = TxServer(tmp_path / "data", args=["--ray-address", "local", "--engine-count", "2"],
-                      env={"RAY_AUTH_MODE": "disabled"}).start(timeout_s=180)
-    try:
-        client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
+                      env={"RAY_AUTH_MODE": "disabled"})
+    with server.start(timeout_s=180), server.client() as client:
         tc = client.create_lora_training_client("tiny-qwen3", rank=4).result()
         sampler = tc.save_weights_and_get_sampling_client()
         out = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 2, types.SamplingParams(max_tokens=5)).result()
         assert [len(s.tokens) for s in out.sequences] == [5, 5]
-        groups = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=30).json()
-        engines = groups["groups"][0]["engines"]
+        engines = server.engine_groups()[0]["engines"]
         assert len(engines) == 2 and all(e["alive"] for e in engines)
-        client.close("success")
-    finally:
-        server.stop()

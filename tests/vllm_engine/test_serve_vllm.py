@@ -7,7 +7,6 @@ import signal
 import time
 from collections.abc import Iterator
 
-import httpx
 import numpy as np
 import pytest
 import tinker
@@ -15,7 +14,7 @@ from tinker import types
 from vllm_helpers import vllm_missing
 
 from rl_toy import assert_reward_rose, run_rl_toy
-from txserver import API_KEY, TxServer
+from txserver import TxServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 BASE = "tiny-qwen3"
@@ -29,22 +28,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     reason = vllm_missing()
     if reason is not None:
         pytest.skip(reason)
-    srv = TxServer(tmp_path_factory.mktemp("tx-vllm"), args=["--engine", "vllm"]).start()
-    yield srv
-    srv.stop()
+    with TxServer(tmp_path_factory.mktemp("tx-vllm"), args=["--engine", "vllm"]) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server: TxServer) -> Iterator[tinker.ServiceClient]:
-    c = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
-    yield c
-    c.close("success")
+    with server.client() as c:
+        yield c
 
 
 def engine_group(server: TxServer) -> dict:
-    answer = httpx.get(f"{server.url}/api/v1/tx/engines", headers={"X-API-Key": API_KEY}, timeout=60)
-    answer.raise_for_status()
-    (group,) = answer.json()["groups"]
+    (group,) = server.engine_groups()
     return group
 
 
