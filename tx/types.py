@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Union
+from typing import Any, Literal, TypeGuard, Union, get_args
 
 import numpy as np
 
@@ -76,19 +76,27 @@ class TextChunk:
         return len(self.tokens)
 
 
+ImageFormat = Literal["png", "jpeg"]  # an image chunk's declared encoding (either decoder reads either)
+IMAGE_FORMATS: tuple[ImageFormat, ...] = get_args(ImageFormat)
+
+
+def is_image_format(value: str) -> TypeGuard[ImageFormat]:
+    return value in IMAGE_FORMATS
+
+
 @dataclass(frozen=True)
 class ImageChunk:
     """Raw image bytes (already base64-decoded) as sent by the client."""
 
     data: bytes
-    format: str
+    format: ImageFormat
     expected_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class ImageAssetPointer:
     location: str
-    format: str
+    format: ImageFormat
     expected_tokens: int | None = None
 
 

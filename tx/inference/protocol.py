@@ -47,6 +47,7 @@ from tx.inference.weight_sync.types import IpcUpdate, TransferInit, TransferUpda
 from tx.types import (
     MAX_SAMPLES_PER_REQUEST,
     MAX_TOPK_PROMPT_LOGPROBS,
+    ImageFormat,
     SampledSequence,
     SampleRequest,
     SampleResult,
@@ -86,7 +87,7 @@ class PromptImage(_Wire):
     """An image of a prompt: its encoded bytes and the span of placeholder tokens it fills."""
 
     data: str = Field(description="base64 (standard alphabet) of the PNG or JPEG bytes")
-    format: Literal["png", "jpeg"]
+    format: ImageFormat
     offset: int = Field(ge=0, description="index in prompt_token_ids of the image's first placeholder token")
     num_tokens: int = Field(ge=1, description="placeholder tokens the image fills")
 

@@ -10,7 +10,7 @@ Heavy libraries (PIL, transformers, torch) are imported only inside the function
 """
 
 from tx.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
-from tx.multimodal.images import IMAGE_FORMATS, ImageLimits, decode_image
+from tx.multimodal.images import ImageLimits, decode_image
 from tx.multimodal.inputs import ImageInputs
 from tx.multimodal.prompt import (
     ExpandedInput,
@@ -21,7 +21,6 @@ from tx.multimodal.prompt import (
 )
 
 __all__ = [
-    "IMAGE_FORMATS",
     "AssetPolicy",
     "ExpandedInput",
     "ImageInputs",

@@ -18,7 +18,6 @@ from tx.types import UserError
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-IMAGE_FORMATS = ("png", "jpeg")
 _PIL_FORMATS = ("PNG", "JPEG")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tx.multimodal.images import ImageLimits, decode_image
-from tx.types import ImageAssetPointer, ImageChunk, ModelInput, TextChunk, UserError
+from tx.types import ImageAssetPointer, ImageChunk, ImageFormat, ModelInput, TextChunk, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +33,7 @@ class PlacedImage:
 
     image: Image
     data: bytes
-    format: str
+    format: ImageFormat
     offset: int
     num_tokens: int
 

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from tx.api.wire import tinker_public_pb2 as pb
 from tx.api.wire.tensors import densify_csr, reshape_dense
 from tx.types import (
+    IMAGE_FORMATS,
     Chunk,
     Datum,
     ForwardBackwardInput,
@@ -33,14 +34,13 @@ from tx.types import (
     StopReason,
     TextChunk,
     UserError,
+    is_image_format,
 )
 
 PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 
 # A decompressed forward_backward body larger than this is refused.
 MAX_DECOMPRESSED_BYTES = 1 << 30
-
-IMAGE_FORMATS = ("png", "jpeg")
 
 # Sentinel of an empty top-k cell (the SDK's TopkLogprobs.MASK_LOGPROB).
 TOPK_EMPTY_TOKEN = 0
@@ -175,7 +175,7 @@ def _chunk_from_proto(msg: pb.Chunk) -> Chunk:
 
 def image_chunk(data: bytes, image_format: str, expected_tokens: int | None) -> ImageChunk:
     """Validate one image chunk (shared with the JSON path)."""
-    if image_format not in IMAGE_FORMATS:
+    if not is_image_format(image_format):
         raise UserError(f"image format must be one of {list(IMAGE_FORMATS)}, got {image_format!r}")
     if not data:
         raise UserError("image chunk has no data")

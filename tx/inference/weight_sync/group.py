@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,17 @@ GLOO_DEVICES = 2
 MIN_CHUNK_BYTES = 16 << 20
 
 
+class _Backend(Protocol):
+    """The c10d backend calls a group makes. ProcessGroupGloo and ProcessGroupNCCL (c10d `Backend`s, not
+    `ProcessGroup`s) have them all at runtime, but torch's stubs omit `Backend.broadcast`."""
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions) -> dist.Work: ...
+
+    def abort(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
 class TransferGroup:
     """One rank's membership in a transfer group: broadcasts from rank 0 with a timeout on each."""
 
@@ -48,7 +59,7 @@ class TransferGroup:
         self.rank = rank
         self.timeout = timedelta(seconds=init.timeout_s)
         self._store: Store | None = None
-        self._backend: dist.ProcessGroup | None = None
+        self._backend: _Backend | None = None
 
     def join(self, device: torch.device) -> None:
         """Rendezvous with every rank, then run one tiny broadcast so that joining means working."""
@@ -123,13 +134,13 @@ class TransferGroup:
 
 def _make_backend(
     init: TransferInit, store: Store, rank: int, timeout: timedelta
-) -> dist.ProcessGroup:
+) -> _Backend:
     if init.backend == "gloo":
         options = dist.ProcessGroupGloo._Options()  # pyright: ignore[reportAttributeAccessIssue]  (not in torch's stubs)
         options._timeout = timeout
         options._devices = [_gloo_device(init.master_address) for _ in range(GLOO_DEVICES)]
         options._threads = GLOO_STREAMS
-        return dist.ProcessGroupGloo(store, rank, init.world_size, options)
+        return cast(_Backend, dist.ProcessGroupGloo(store, rank, init.world_size, options))  # stubs lack broadcast
     nccl = getattr(dist, "ProcessGroupNCCL", None)
     if nccl is None or not torch.cuda.is_available():
         raise WeightSyncError("backend 'nccl' needs a CUDA build of torch and a GPU; use 'gloo' on CPU")

@@ -25,6 +25,7 @@ from tx.types import (
     ForwardBackwardInput,
     ImageAssetPointer,
     ImageChunk,
+    ImageFormat,
     LoraConfig,
     ModelInput,
     ProvenanceSpan,
@@ -70,7 +71,7 @@ class WireChunk(BaseModel):
     tokens: list[int] = Field(default_factory=list)
     data_b64: str = ""
     location: str = ""
-    format: str = ""
+    format: ImageFormat = "png"  # read only for image and asset chunks
     expected_tokens: int | None = None
 
     @classmethod

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
-from tx.inference.protocol import GenerateRequest
+from tx.inference.protocol import GeneratedSequence, GenerateRequest, StopReasonName
 from tx.inference.stops import hits_stop_string, resumed_tail
 
 
@@ -34,7 +34,7 @@ class Row:
     generator: torch.Generator = field(repr=False)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    stop_reason: str | None = None
+    stop_reason: StopReasonName | None = None
     stop_tail: list[int] = field(default_factory=list)  # earlier tokens of a resumed sample (tx.inference.stops)
 
     @classmethod
@@ -50,6 +50,11 @@ class Row:
     @property
     def done(self) -> bool:
         return self.stop_reason is not None
+
+    def sequence(self) -> GeneratedSequence:
+        """The finished sample (once `done`)."""
+        assert self.stop_reason is not None, "the row has not stopped"
+        return GeneratedSequence(token_ids=self.token_ids, logprobs=self.logprobs, stop_reason=self.stop_reason)
 
     def append(self, token: int, logprob: float, decode: Callable[[list[int]], str] | None) -> None:
         """Record a sampled token and decide whether the row stops here (the stop token is kept)."""

@@ -31,7 +31,7 @@ from tx.inference.engines.embedded.generate import (
 )
 from tx.inference.engines.embedded.vision import PromptVision
 from tx.inference.engines.embedded.weights import Weights
-from tx.inference.protocol import EngineStats, GeneratedSequence, GenerateRequest, GenerateResponse, PauseMode
+from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse, PauseMode
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ class Job:
     def resolve_if_done(self) -> None:
         if self.future.done() or not all(row.done for row in self.rows):
             return
-        sequences = [GeneratedSequence(token_ids=r.token_ids, logprobs=r.logprobs, stop_reason=r.stop_reason)
-                     for r in self.rows]
+        sequences = [row.sequence() for row in self.rows]
         prompt = self.prompt
         self.future.set_result(GenerateResponse(
             sequences=sequences,
