@@ -197,10 +197,10 @@ class Scheduler:
         epoch = self._batch_epoch
         batch = DecodeBatch(weights.pad_id)
         with weights.lock:  # one prefill per request; its n samples share the KV cache rows
-            weights.activate(adapter)
+            model = weights.activate(adapter)
             prompts = [job.request.prompt_token_ids for job in jobs]
             num_kept = max(logits_needed(job.request) for job in jobs)
-            kept = batch.prefill(weights.model, prompts, num_kept, [job.vision for job in jobs])
+            kept = batch.prefill(model, prompts, num_kept, [job.vision for job in jobs])
         self._score_prompts(jobs, kept)
         expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
         if len(expand) != len(jobs):
@@ -224,8 +224,8 @@ class Scheduler:
                 if not self._checkpoint(epoch, adapter):
                     return self._abort(jobs)
                 with self.weights.lock:
-                    self.weights.activate(adapter)
-                    logits = batch.step(self.weights.model, [rows[i].token_ids[-1] for i in live])
+                    model = self.weights.activate(adapter)
+                    logits = batch.step(model, [rows[i].token_ids[-1] for i in live])
             tokens, logprobs = sample_next(logits, [rows[i] for i in live])
             for i, token, logprob in zip(live, tokens, logprobs):
                 rows[i].append(token, logprob, self.weights.decode)

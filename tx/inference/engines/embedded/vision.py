@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import binascii
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -91,12 +91,33 @@ def rope_positions(
     inputs: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(4, B, T) position ids (text positions, then the three rope axes) and each row's rope delta (B,)."""
-    core = model.get_base_model() if hasattr(model, "get_base_model") else model
-    positions, deltas = core.model.get_rope_index(
+    positions, deltas = _rope_indexer(model).get_rope_index(
         ids, mm_token_type_ids=inputs["mm_token_type_ids"], image_grid_thw=inputs["image_grid_thw"],
         attention_mask=mask,
     )
     return torch.cat([text_positions[None], positions]), deltas.reshape(-1)
+
+
+@runtime_checkable
+class _RopeIndexer(Protocol):
+    """What a Qwen2-VL family model's inner model (its `.model`) computes multimodal rope positions with."""
+
+    def get_rope_index(
+        self, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor, *, image_grid_thw: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _rope_indexer(model: torch.nn.Module) -> _RopeIndexer:
+    """The inner model of `model` (PEFT's wrapper or the vision-language model itself) that has
+    `get_rope_index`."""
+    from peft import PeftModel
+
+    core = model.get_base_model() if isinstance(model, PeftModel) else model
+    inner = core.get_submodule("model")
+    if not isinstance(inner, _RopeIndexer):
+        raise TypeError(f"{type(core).__name__} has no multimodal rope positions (get_rope_index)")
+    return inner
 
 
 def step_positions(text_positions: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 
@@ -30,6 +31,12 @@ from tx.devices import resolve_device
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.models.auto import load_frozen
 from tx.types import ConflictError, NotFoundError, UserError
+
+if TYPE_CHECKING:
+    from peft import LoraModel, PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    ServedModel = PreTrainedModel | PeftModel  # the base alone, or PEFT's wrapper once an adapter arrived
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +72,7 @@ def _gqa_sdpa() -> str:
     return _GQA_SDPA
 
 
-def load_tokenizer(model_dir: Path):
+def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
     """The model dir's tokenizer, or None when it has none."""
     if not any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None
@@ -86,7 +93,7 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _eos_ids(model: torch.nn.Module) -> tuple[int, ...]:
+def _eos_ids(model: PreTrainedModel) -> tuple[int, ...]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config.get_text_config(), "eos_token_id", None)
@@ -112,13 +119,14 @@ class Weights:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # this thread's; the scheduler loop runs on it in the engine
         self.lock = threading.RLock()
-        self.model: torch.nn.Module | None = self._load()
+        base = self._load()
+        self.model: ServedModel | None = base  # None after a level 2 sleep
         logger.info("model %s loaded on %s (%s)", self.model_dir, self.device, self.dtype)
         self.tokenizer = load_tokenizer(self.model_dir)
-        config = self.model.config.get_text_config()  # a vision-language model's language part
+        config = base.config.get_text_config()  # a vision-language model's language part
         self.vocab_size: int = config.vocab_size
         self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
-        self.eos_ids = _eos_ids(self.model)
+        self.eos_ids = _eos_ids(base)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if pad is not None else (self.eos_ids or (0,))[0]
         self.pad_id: int = int(pad)
@@ -135,31 +143,33 @@ class Weights:
     # ---- serving
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        if self.tokenizer is None:  # the engine refuses stop strings (the only decoding) without one
+            raise UserError("stop strings need a tokenizer, and this model directory has none")
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        assert isinstance(text, str)  # one sequence's ids decode to one string
+        return text
 
     def has_adapter(self, name: str) -> bool:
         return name in self.adapters
 
-    def activate(self, adapter: str | None) -> None:
-        """Make the next forward use `adapter` (None = the base model). Call under `lock`."""
+    def activate(self, adapter: str | None) -> ServedModel:
+        """Make the next forward use `adapter` (None = the base model); the model to run it. Call under
+        `lock`."""
         if adapter is not None and adapter not in self.adapters:
             raise NotFoundError(f"adapter {adapter!r} is not loaded")
         if self.model is None or "weights" in self.asleep:
             raise ConflictError("the weights are asleep")
+        model = self.model
         if adapter == self._active:
-            return
-        if self._is_peft():
+            return model
+        if _is_peft(model):
             if adapter is None:
-                self.model.base_model.disable_adapter_layers()
+                _lora_tuner(model).disable_adapter_layers()
             else:
-                self.model.base_model.enable_adapter_layers()
-                self.model.set_adapter(self._peft_names[adapter])
+                _lora_tuner(model).enable_adapter_layers()
+                model.set_adapter(self._peft_names[adapter])
         self._active = adapter
-
-    def _is_peft(self) -> bool:
-        from peft import PeftModel
-
-        return isinstance(self.model, PeftModel)
+        return model
 
     # ---- adapters
 
@@ -168,17 +178,18 @@ class Weights:
         from peft import set_peft_model_state_dict
 
         with self.lock:
-            self._require_awake()
+            model = self._awake_model()
             if self.lora_specs.get(name) != spec:
-                self._create_adapter(name, spec)
+                model = self._create_adapter(name, spec)
             state = {_peft_name(key): value for key, value in tensors.items()}
-            result = set_peft_model_state_dict(self.model, state, adapter_name=self._peft_names[name])
+            result = set_peft_model_state_dict(model, state, adapter_name=self._peft_names[name])
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
             if unexpected:
                 raise UserError(f"unexpected LoRA tensors for adapter {name!r}: {unexpected[:5]}")
             self._active = _UNSET
 
-    def _create_adapter(self, name: str, spec: LoraSpec) -> None:
+    def _create_adapter(self, name: str, spec: LoraSpec) -> PeftModel:
+        """Adapter `name` added (PEFT's wrapper made around the base at the first); the wrapped model."""
         from peft import LoraConfig, get_peft_model
 
         if name in self.adapters:
@@ -186,20 +197,24 @@ class Weights:
         if len(self.adapters) >= self.max_adapters:
             raise ConflictError(f"{len(self.adapters)} adapters loaded, max_adapters is {self.max_adapters}")
         config = LoraConfig(
-            r=spec.r, lora_alpha=spec.lora_alpha, target_modules=spec.target_modules, lora_dropout=0.0,
-            bias="none", task_type="CAUSAL_LM",
+            r=spec.r,
+            lora_alpha=spec.lora_alpha,  # pyright: ignore[reportArgumentType]  (PEFT annotates int; it only scales by alpha / r, so a float works)
+            target_modules=spec.target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
         )
         peft_name = f"adapter_{self._num_created}"
         self._num_created += 1
-        if self._is_peft():
-            self.model.add_adapter(peft_name, config)
+        model = self._awake_model()
+        if _is_peft(model):
+            model.add_adapter(peft_name, config)
         else:
-            self.model = get_peft_model(self.model, config, adapter_name=peft_name)
-        self.model.requires_grad_(False)
+            model = get_peft_model(model, config, adapter_name=peft_name)
+        model.requires_grad_(False)
+        self.model = model
         self.adapters[name] = None
         self.lora_specs[name] = spec
         self._peft_names[name] = peft_name
         self._active = _UNSET
+        return model
 
     def delete_adapter(self, name: str) -> None:
         with self.lock:
@@ -211,9 +226,10 @@ class Weights:
         del self.adapters[name], self.lora_specs[name]
         peft_name = self._peft_names.pop(name)
         if self.model is not None:
+            assert _is_peft(self.model), "an adapter is loaded, so PEFT wraps the model"
             self.model.delete_adapter(peft_name)
             if not self.adapters:  # back to the plain model: no LoRA wrappers left in the forward
-                self.model = self.model.base_model.unload()
+                self.model = cast("PreTrainedModel", _lora_tuner(self.model).unload())  # the base it wrapped
         self._active = _UNSET
 
     def set_version(self, version: str, adapter: str | None) -> None:
@@ -230,8 +246,8 @@ class Weights:
     def base_parameters(self) -> dict[str, torch.nn.Parameter]:
         """The base model's parameters by their HF checkpoint names (ties listed under every name)."""
         with self.lock:
-            self._require_awake()
-            base = self.model.base_model.model if self._is_peft() else self.model
+            model = self._awake_model()
+            base: torch.nn.Module = _lora_tuner(model).model if _is_peft(model) else model
             return {
                 name.replace(".base_layer.", "."): param
                 for name, param in base.named_parameters(remove_duplicate=False)
@@ -240,7 +256,7 @@ class Weights:
 
     def copy_base(self, param: torch.nn.Parameter, tensor: torch.Tensor) -> None:
         with self.lock:
-            self._require_awake()
+            self._awake_model()
             param.data.copy_(tensor)
 
     # ---- sleep and wake
@@ -265,7 +281,7 @@ class Weights:
     def _stash_weights(self) -> None:
         from safetensors.torch import save_file
 
-        params = dict(self.model.named_parameters())
+        params = dict(self._awake_model().named_parameters())
         fd, path = tempfile.mkstemp(prefix="tx-engine-stash-", suffix=".safetensors", dir=self.stash_dir)
         os.close(fd)  # mkstemp made it 0600: private to this user
         save_file({name: p.detach().to("cpu").contiguous() for name, p in params.items()}, path)
@@ -277,7 +293,7 @@ class Weights:
     def _restore_stash(self) -> None:
         from safetensors.torch import load_file
 
-        assert self._stash is not None
+        assert self._stash is not None and self.model is not None, "a level 1 sleep keeps the model"
         loaded = load_file(str(self._stash))
         for name, param in self.model.named_parameters():
             tensor = loaded.pop(name)
@@ -294,7 +310,7 @@ class Weights:
         self.base_version = None
         self._active = _UNSET
 
-    def _load(self) -> torch.nn.Module:
+    def _load(self) -> PreTrainedModel:
         """The base model: frozen, the engine's attention, in private memory on cpu."""
         return load_frozen(self.model_dir, self.device, self.dtype, _gqa_sdpa(), private_copy=True)
 
@@ -302,13 +318,24 @@ class Weights:
         self.model = self._load()
         self._active = _UNSET
 
-    def _require_awake(self) -> None:
+    def _awake_model(self) -> ServedModel:
         if self.model is None or "weights" in self.asleep:
             raise ConflictError("the weights are asleep; wake_up(['weights']) first")
+        return self.model
 
     def close(self) -> None:
         if self._stash is not None:
             self._stash.unlink(missing_ok=True)
+
+
+def _is_peft(model: torch.nn.Module) -> TypeGuard[PeftModel]:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def _lora_tuner(model: PeftModel) -> LoraModel:
+    return cast("LoraModel", model.base_model)  # every adapter here is a LoRA: PEFT's tuner is a LoraModel
 
 
 def _peft_name(name: str) -> str:
