@@ -2,7 +2,8 @@
 runs offline) in basic mode, configured in pyproject.toml. It must report no error at all: there is no
 baseline of tolerated ones (basedpyright would read `.basedpyright/baseline.json` on its own, so that file
 must not exist). A third-party stub that is wrong gets a `# pyright: ignore[rule]` with its reason on the
-line, never a rule turned off.
+line, never a rule turned off; pyproject.toml makes a bare `# type: ignore` hide nothing and flags an ignore
+without a rule or one that no longer hides an error.
 """
 
 from __future__ import annotations

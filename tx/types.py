@@ -119,7 +119,7 @@ class ModelInput:
         """All tokens of a text-only input; a UserError if it holds images."""
         if self.has_images:
             raise UserError("this model takes text only: the input holds image chunks")
-        return [t for c in self.chunks for t in c.tokens]  # type: ignore[union-attr]
+        return [t for c in self.chunks if isinstance(c, TextChunk) for t in c.tokens]
 
 
 @dataclass(frozen=True)

@@ -271,8 +271,11 @@ def _restore_grads(run: Run, saved: dict[str, torch.Tensor | None]) -> None:
 
 
 class _RunConfig(Protocol):  # what a run of either backend (torch, jax) says of its model
-    base_model: str
-    lora: LoraConfig
+    @property
+    def base_model(self) -> str: ...
+
+    @property
+    def lora(self) -> LoraConfig: ...
 
 
 def _check_compatible(run: _RunConfig, base_model: str, lora: LoraConfig, directory: Path) -> None:

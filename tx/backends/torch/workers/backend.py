@@ -197,7 +197,7 @@ class WorkersBackend(LoraFilesBackend):
     def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
         run = self._run(model_id)
         base_model, lora = self.read_state_config(directory)
-        _check_compatible(run, base_model, lora, directory)  # type: ignore[arg-type]
+        _check_compatible(run, base_model, lora, directory)
         named = {f"w/{k}": v for k, v in checkpoint.read_weights(directory, _CPU).items()}
         meta = None
         if with_optimizer:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Protocol
+from typing import IO, Protocol
 
 from tx.backends.torch.workers.messages import Reply, Request, WorkerSpec, read_frame, write_frame
 
@@ -59,7 +59,7 @@ def start_group(group: WorkerGroup, host: str) -> WorkerGroup:
 class LocalWorkers:
     def __init__(self, spec: WorkerSpec) -> None:
         self.size = spec.world_size
-        self._procs: list[subprocess.Popen] = []
+        self._procs: list[subprocess.Popen[bytes]] = []
         self._replies: queue.Queue = queue.Queue()  # (rank, (reply, payload) or None once its pipe closed)
         for rank in range(self.size):
             module = "tx.backends.torch.workers.worker"
@@ -80,7 +80,7 @@ class LocalWorkers:
     def call(self, messages: dict[int, Message]) -> dict[int, tuple[Reply, bytes]]:
         for rank, (request, payload) in messages.items():
             try:
-                write_frame(self._procs[rank].stdin, request, payload)  # type: ignore[arg-type]
+                write_frame(_pipe(self._procs[rank].stdin), request, payload)
             except (BrokenPipeError, OSError, ValueError) as exc:
                 raise self._died(rank) from exc
         replies: dict[int, tuple[Reply, bytes]] = {}
@@ -127,12 +127,17 @@ class LocalWorkers:
                 proc.wait(10)
 
 
-def _read_replies(rank: int, proc: subprocess.Popen, replies: queue.Queue) -> None:
+def _read_replies(rank: int, proc: subprocess.Popen[bytes], replies: queue.Queue) -> None:
     try:
         while True:
-            replies.put((rank, read_frame(proc.stdout, Reply)))  # type: ignore[arg-type]
+            replies.put((rank, read_frame(_pipe(proc.stdout), Reply)))
     except (EOFError, OSError, ValueError):
         replies.put((rank, None))
+
+
+def _pipe(stream: IO[bytes] | None) -> IO[bytes]:
+    assert stream is not None, "workers are started with stdin and stdout piped"
+    return stream
 
 
 def blocked_after_error(replies: dict[int, tuple[Reply, bytes]]) -> WorkerDied:

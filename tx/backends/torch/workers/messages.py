@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import struct
-from typing import Any, BinaryIO, Literal
+from typing import IO, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -204,20 +204,20 @@ class Reply(BaseModel):
     address: str = ""  # hello: where this worker's rendezvous store listens (rank 0)
 
 
-def write_frame(stream: BinaryIO, header: BaseModel, payload: bytes = b"") -> None:
+def write_frame(stream: IO[bytes], header: BaseModel, payload: bytes = b"") -> None:
     body = header.model_dump_json().encode()
     stream.write(_LENGTH.pack(len(body)) + body + _LENGTH.pack(len(payload)) + payload)
     stream.flush()
 
 
-def read_frame(stream: BinaryIO, kind: type[BaseModel]) -> tuple[Any, bytes]:
+def read_frame(stream: IO[bytes], kind: type[BaseModel]) -> tuple[Any, bytes]:
     """(header, payload); EOFError when the stream closed (the other side is gone)."""
     header = kind.model_validate_json(_read_exactly(stream, _LENGTH.unpack(_read_exactly(stream, 8))[0]))
     payload = _read_exactly(stream, _LENGTH.unpack(_read_exactly(stream, 8))[0])
     return header, payload
 
 
-def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+def _read_exactly(stream: IO[bytes], size: int) -> bytes:
     data = stream.read(size) if size else b""
     if len(data) != size:
         raise EOFError("control channel closed")
