@@ -10,6 +10,23 @@ os.environ.setdefault("TINKER_TELEMETRY", "0")
 LEFT_OPEN = pytest.StashKey[list[str]]()
 
 
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ~0.4M-parameter Qwen3 ("tiny" preset) with its Qwen-like tokenizer (tests/unit/backends has its own)."""
+    from tx.models.tiny import write_tiny_text_model
+
+    return write_tiny_text_model(tmp_path_factory.mktemp("tiny-model"), preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def reference_model(tiny_model_dir: Path):
+    """The same weights as a plain transformers model in this process: what engines' logprobs are checked
+    against."""
+    from reference_logprobs import load_reference
+
+    return load_reference(tiny_model_dir)
+
+
 def open_tinker_sessions() -> list[str]:
     """The tinker sessions of this process that still heartbeat: each was never closed (or its close never
     reached a server), so once its server is gone the SDK logs heartbeat failures until the process ends."""

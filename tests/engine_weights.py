@@ -38,6 +38,16 @@ def push(engine, sender: BroadcastSender, named, adapter=None, lora=None, timeou
         return response.result(timeout=timeout_s)
 
 
+def perturbed(reference, seed: int, scale: float = 0.05):
+    """A copy of `reference` with every weight moved by `scale` * seeded N(0, 1) noise: new full weights."""
+    model = copy.deepcopy(reference)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale)
+    return model
+
+
 def random_adapter(reference, seed: int, r: int, lora_alpha: float, targets: list[str]):
     """A PEFT LoRA model on a copy of `reference` with random non-zero A and B, and its tensors (cpu)."""
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+
+def load_reference(model_dir: Path):
+    """The model in `model_dir` as a plain transformers model in this process (fp32, sdpa, cpu, eval)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    return model.eval().requires_grad_(False)
 
 
 def token_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:

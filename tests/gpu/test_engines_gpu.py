@@ -8,81 +8,27 @@ machine without a GPU only skips it. Run with `pytest tests/gpu -m gpu`.
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
-from engine_weights import random_adapter
-from reference_logprobs import token_logprobs
-
-from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.kinds import EMBEDDED
-from tx.inference.engines.process import spawn, stop, wait_ready
-from tx.inference.protocol import SECRET_HEADER
+from engine_weights import perturbed, random_adapter
+from live_engine import EmbeddedEngine, VllmEngine, vllm_missing
+from reference_logprobs import load_reference, token_logprobs
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-SECRET = "gpu-test-" + uuid.uuid4().hex
 PROMPT = [5, 17, 230, 1000, 44]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": TARGETS}
 
 
 # ---- helpers
-
-
-class LiveEngine:
-    """An embedded engine process and an httpx client that sends the secret."""
-
-    def __init__(self, model_dir: Path, tmp_dir: Path, device: str) -> None:
-        self.config = EmbeddedEngineConfig(
-            model_dir=model_dir, cluster_secret=SECRET, ready_file=tmp_dir / "ready.json", stash_dir=tmp_dir,
-            device=device, max_adapters=4,
-        )
-        self.log_path = tmp_dir / "engine.log"
-        with open(self.log_path, "ab") as log:
-            self.process = spawn(EMBEDDED, self.config, stdout=log, stderr=log)
-        try:
-            self.url = wait_ready(self.config, self.process, timeout_s=300)
-        except RuntimeError as exc:
-            stop(self.process, EMBEDDED.stop_timeout_s)
-            raise RuntimeError(f"{exc}\n{self.log()}") from exc
-        self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=300)
-
-    def log(self, tail: int = 4000) -> str:
-        return self.log_path.read_text(errors="replace")[-tail:]
-
-    def post(self, path: str, body: dict | None = None, expect: int = 200) -> dict:
-        response = self.http.post(path, json=body if body is not None else {})
-        assert response.status_code == expect, f"{response.text}\n{self.log()}"
-        return response.json()
-
-    def generate(self, **body) -> dict:
-        return self.post("/generate", body)
-
-    def health(self) -> dict:
-        return self.http.get("/health").json()
-
-    def close(self) -> None:
-        self.http.close()
-        stop(self.process, EMBEDDED.stop_timeout_s)
-
-
-def cpu_model(model_dir: Path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation="sdpa"
-    )
-    return model.eval().requires_grad_(False)
 
 
 def peft_adapter(reference, seed: int):
@@ -118,7 +64,11 @@ def large_model(tmp_path_factory) -> tuple[Path, int]:
     return model_dir, write_large_model(model_dir)
 
 
-def _greedy(engine: LiveEngine) -> dict:
+def gpu_engine(model_dir: Path, work_dir: Path, device: str) -> EmbeddedEngine:
+    return EmbeddedEngine(model_dir, work_dir, timeout_s=300, device=device, max_adapters=4, num_threads=None)
+
+
+def _greedy(engine: EmbeddedEngine) -> dict:
     return engine.generate(prompt_token_ids=PROMPT, max_tokens=16, temperature=0.0, stop_at_eos=False)[
         "sequences"][0]
 
@@ -126,7 +76,7 @@ def _greedy(engine: LiveEngine) -> dict:
 @pytest.mark.parametrize("level", [1, 2])
 def test_sleep_frees_gpu_memory_and_wake_restores_it(large_model, tmp_path, level):
     model_dir, weights = large_model
-    engine = LiveEngine(model_dir, tmp_path, device="cuda:0")
+    engine = gpu_engine(model_dir, tmp_path, "cuda:0")
     try:
         assert "loaded on cuda:0" in engine.log(tail=1 << 20)
         expected = _greedy(engine)
@@ -152,22 +102,15 @@ def test_sleep_frees_gpu_memory_and_wake_restores_it(large_model, tmp_path, leve
 # ---- (b) NCCL broadcast into an engine on a second GPU
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from tx.models.tiny import write_tiny_text_model
-
-    return write_tiny_text_model(tmp_path_factory.mktemp("tiny-model"), preset="tiny", seed=0)
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs (one rank per GPU)")
 def test_lora_adapter_over_nccl_into_an_engine_on_a_second_gpu(tiny_model_dir, tmp_path):
     from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
 
-    reference = cpu_model(tiny_model_dir)
+    reference = load_reference(tiny_model_dir)
     peft_model, named = peft_adapter(reference, seed=1)
     sender_device = torch.device("cuda", 0)
     on_gpu = [(name, tensor.to(sender_device)) for name, tensor in named]
-    engine = LiveEngine(tiny_model_dir, tmp_path, device="cuda:1")
+    engine = gpu_engine(tiny_model_dir, tmp_path, "cuda:1")
     sender = None
     try:
         assert "loaded on cuda:1" in engine.log(tail=1 << 20)
@@ -207,48 +150,27 @@ def test_lora_adapter_over_nccl_into_an_engine_on_a_second_gpu(tiny_model_dir, t
 # ---- (c) CUDA IPC on one GPU: the vLLM engine's /weights/update_ipc (the embedded engine has no IPC route)
 
 
-def _start_vllm(model_dir: Path, work_dir: Path):
-    from tx.inference.engines.vllm import VllmUnavailable, require_vllm
-
-    try:
-        require_vllm()
-    except VllmUnavailable as exc:
-        pytest.skip(f"needs vLLM: {exc}")
-    from tx.inference.launch import LocalLauncher
-
+def _start_vllm(model_dir: Path, work_dir: Path) -> VllmEngine:
+    reason = vllm_missing()
+    if reason is not None:
+        pytest.skip(f"needs vLLM: {reason}")
     # bfloat16: vLLM's GPU LoRA kernels have not always taken float32. The reference for what IPC delivers is
     # therefore the same engine fed the same weights over gloo (the transport the CPU tests check exactly).
-    launcher = LocalLauncher(
-        work_dir, SECRET, kind="vllm",
-        dtype="bfloat16", max_model_len=2048, max_adapters=4, max_lora_rank=8,
-        gpu_memory_utilization=0.3, startup_timeout_s=600, log_level="warning",
-    )
-    handle = asyncio.run(launcher.start("vllm-gpu-test", model_dir))
-    return launcher, handle
-
-
-def _post(http: httpx.Client, path: str, body: dict) -> dict:
-    response = http.post(path, json=body)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return VllmEngine(model_dir, work_dir, timeout_s=300, dtype="bfloat16", gpu_memory_utilization=0.3,
+                      startup_timeout_s=600, extra_args=[])
 
 
 def test_cuda_ipc_into_a_vllm_engine_on_the_same_gpu(tiny_model_dir, tmp_path):
     from tx.inference.weight_sync import BroadcastSender, IpcSender, TransferInit, free_port, plan_update
 
-    reference = cpu_model(tiny_model_dir)
+    reference = load_reference(tiny_model_dir)
     _, adapter = peft_adapter(reference, seed=2)
-    changed = copy.deepcopy(reference)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for param in changed.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    changed = perturbed(reference, seed=3)
     full = [(name, t.detach().contiguous()) for name, t in changed.state_dict().items()]
     original = [(name, t.detach().contiguous()) for name, t in reference.state_dict().items()]
     device = torch.device("cuda", 0)
 
-    launcher, handle = _start_vllm(tiny_model_dir, tmp_path / "vllm")  # before this process takes GPU memory
-    http = httpx.Client(base_url=handle.url, headers={SECRET_HEADER: SECRET}, timeout=300)
+    engine = _start_vllm(tiny_model_dir, tmp_path / "vllm")  # before this process takes GPU memory
     init = TransferInit(backend="gloo", master_address="127.0.0.1", master_port=free_port(), world_size=2,
                         rank_offset=1, group_name=f"gpu-ipc-{uuid.uuid4().hex[:8]}", timeout_s=120)
     gloo = BroadcastSender(init)
@@ -257,7 +179,7 @@ def test_cuda_ipc_into_a_vllm_engine_on_the_same_gpu(tiny_model_dir, tmp_path):
         update = plan_update(named, bucket_bytes=64 << 10)
         body = {"transfer": update.model_dump(), "adapter": adapter, "lora": LORA if adapter else None}
         with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(_post, http, "/weights/update", body)
+            pending = pool.submit(engine.post, "/weights/update", body)
             gloo.send(named, update)
             assert pending.result(timeout=300)["num_tensors"] == len(named)
 
@@ -267,18 +189,18 @@ def test_cuda_ipc_into_a_vllm_engine_on_the_same_gpu(tiny_model_dir, tmp_path):
             update = sender.share([(n, t.to(device)) for n, t in named], bucket_bytes=64 << 10)
             assert len(update.buckets) > 1 or adapter is not None
             body = {"ipc": update.model_dump(), "adapter": adapter, "lora": LORA if adapter else None}
-            assert _post(http, "/weights/update_ipc", body)["num_tensors"] == len(named)
+            assert engine.post("/weights/update_ipc", body)["num_tensors"] == len(named)
         finally:
             sender.release()  # only after the engine acknowledged
 
     def sample(adapter=None, temperature=0.0) -> dict:
         body = {"prompt_token_ids": PROMPT, "max_tokens": 16, "temperature": temperature, "seed": 4,
                 "stop_at_eos": False, "adapter": adapter}
-        return _post(http, "/generate", body)["sequences"][0]
+        return engine.post("/generate", body)["sequences"][0]
 
     try:
         base = sample()
-        _post(http, "/weights/init", init.model_dump())
+        engine.post("/weights/init", init.model_dump())
         gloo.connect()
 
         push_gloo(adapter, "over-gloo")
@@ -299,8 +221,7 @@ def test_cuda_ipc_into_a_vllm_engine_on_the_same_gpu(tiny_model_dir, tmp_path):
         assert got["logprobs"] == pytest.approx(want["logprobs"], abs=1e-3)
     finally:
         gloo.close()
-        http.close()
-        asyncio.run(launcher.stop(handle))
+        engine.close()
 
 
 # ---- (d) the RL toy task through `tx serve`, engines colocated on the GPU

@@ -35,22 +35,12 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from tx.models.tiny import write_tiny_text_model
-
-    return write_tiny_text_model(tmp_path_factory.mktemp("tiny-model"), preset="tiny", seed=0)
-
-
-@pytest.fixture(scope="module")
-def adapter(tiny_model_dir, tmp_path_factory):
+def adapter(reference_model, tmp_path_factory):
     """A PEFT LoRA model (cpu, the reference) with random non-zero weights, saved as a sampler directory."""
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32,
-                                                attn_implementation="sdpa")
     config = LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0)
-    model = get_peft_model(copy.deepcopy(base.eval().requires_grad_(False)), config)
+    model = get_peft_model(copy.deepcopy(reference_model), config)
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, param in model.named_parameters():

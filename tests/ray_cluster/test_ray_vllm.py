@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
+from live_engine import vllm_missing
 from txserver import TxServer
-from vllm_engine.vllm_helpers import vllm_missing
 
 ray = pytest.importorskip("ray")
 if not hasattr(ray, "init"):

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tinker
+from live_engine import vllm_missing
 from tinker import types
-from vllm_helpers import vllm_missing
 
 from rl_toy import assert_reward_rose, run_rl_toy
 from txserver import TxServer

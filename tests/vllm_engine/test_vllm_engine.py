@@ -9,7 +9,6 @@ JAX backend wrote, then full base weights).
 from __future__ import annotations
 
 import asyncio
-import copy
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,9 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from engine_weights import gloo_sender, push, random_adapter
+from engine_weights import gloo_sender, perturbed, push, random_adapter
+from live_engine import SECRET
 from reference_logprobs import token_logprobs
-from vllm_helpers import SECRET, greedy
+from vllm_helpers import greedy
 
 from tx.inference.client import InferenceClient
 from tx.inference.protocol import GenerateRequest
@@ -257,11 +257,7 @@ def test_full_base_weights_over_gloo_change_outputs(vllm_engine, sender, referen
     before = vllm_engine.generate(
         prompt_token_ids=long_prompt, max_tokens=8, temperature=0.0, stop_at_eos=False
     )
-    new = copy.deepcopy(reference_model)
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for param in new.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    new = perturbed(reference_model, seed=3)
     named = [(n, t.detach().contiguous()) for n, t in new.state_dict().items()]
     assert push(vllm_engine, sender, named)["num_tensors"] == len(named)
     vllm_engine.post("/weights/finish", {"version": "base-2"})

@@ -14,7 +14,8 @@ import json
 
 import pytest
 import torch
-from vllm_helpers import ARIA_IMAGE_TOKENS, LiveVllmEngine, vllm_missing, write_tiny_aria
+from live_engine import VllmEngine, vllm_missing
+from vllm_helpers import ARIA_IMAGE_TOKENS, write_tiny_aria
 
 pytestmark = pytest.mark.vllm
 
@@ -61,12 +62,9 @@ def aria_engine(aria_dir, tmp_path_factory):
     reason = vllm_missing()
     if reason is not None:
         pytest.skip(reason)
-    engine = LiveVllmEngine(
-        aria_dir, tmp_path_factory.mktemp("vllm-aria"), enable_lora=False, max_images_per_prompt=2,
-        max_model_len=512,
-    )
-    yield engine
-    engine.close()
+    with VllmEngine(aria_dir, tmp_path_factory.mktemp("vllm-aria"), enable_lora=False, max_images_per_prompt=2,
+                    max_model_len=512) as engine:
+        yield engine
 
 
 def _prompt(image_token: int, *images: bytes) -> tuple[list[int], list[dict]]:

@@ -1,65 +1,11 @@
-"""Helpers for the vLLM engine tests: a live tx vLLM engine, and what a plain transformers forward says."""
+"""Helpers for the vLLM engine tests: what a plain transformers `generate` says, and a tiny vision-language
+model vLLM can load (the live engine itself: tests/live_engine.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from pathlib import Path
 
-import httpx
 import torch
-
-from tx.inference.protocol import SECRET_HEADER
-
-SECRET = "vllm-test-" + uuid.uuid4().hex
-
-
-def vllm_missing() -> str | None:
-    """Why the engine tests cannot run here, or None."""
-    from tx.inference.engines.vllm import VllmUnavailable, require_vllm
-
-    try:
-        require_vllm()
-    except VllmUnavailable as exc:
-        return str(exc)
-    return None
-
-
-class LiveVllmEngine:
-    """One tx vLLM engine started by the local launcher, and an httpx client that sends the secret."""
-
-    def __init__(self, model_dir: Path, work_dir: Path, **options) -> None:
-        """`options`: more (or other) `VllmEngineConfig` fields than the defaults below."""
-        from tx.inference.launch import LocalLauncher
-
-        defaults = {
-            "dtype": "float32",
-            "max_model_len": 2048,
-            "max_adapters": 4,
-            "max_lora_rank": 8,
-            "startup_timeout_s": 300,
-            "extra_args": ["--max-num-seqs", "16"],
-            "log_level": "warning",
-        }
-        self.launcher = LocalLauncher(work_dir, SECRET, kind="vllm", **{**defaults, **options})
-        self.handle = asyncio.run(self.launcher.start("vllm-test", model_dir))
-        self.url = self.handle.url
-        self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=120)
-
-    def post(self, path: str, body: dict | None = None, expect: int = 200) -> dict:
-        response = self.http.post(path, json=body if body is not None else {})
-        assert response.status_code == expect, response.text
-        return response.json()
-
-    def generate(self, **body) -> dict:
-        return self.post("/generate", body)
-
-    def health(self) -> dict:
-        return self.http.get("/health").json()
-
-    def close(self) -> None:
-        self.http.close()
-        asyncio.run(self.launcher.stop(self.handle))
 
 
 def greedy(model, prompt: list[int], max_new_tokens: int, stop_at_eos: bool = True) -> list[int]:

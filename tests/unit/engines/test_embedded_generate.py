@@ -126,11 +126,11 @@ def test_bad_requests_get_4xx(engine):
         ({"prompt_token_ids": [1], "unknown_field": 1}, 422),
     ]
     for body, status in cases:
-        response = engine.client.post("/generate", json=body)
+        response = engine.http.post("/generate", json=body)
         assert response.status_code == status, (body, response.text)
         assert "detail" in response.json()
-    assert engine.client.delete("/adapters/nope").status_code == 404
-    assert engine.client.post("/pause", json={"mode": "later"}).status_code == 422
+    assert engine.http.delete("/adapters/nope").status_code == 404
+    assert engine.http.post("/pause", json={"mode": "later"}).status_code == 422
 
 
 def test_secret_is_required(engine):

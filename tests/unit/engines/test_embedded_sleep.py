@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_helpers import start_engine
+from live_engine import EmbeddedEngine
 from tx.models.tiny import write_tiny_text_model
 
 PROMPT = [11, 250, 3000, 42, 7, 999]
@@ -20,10 +20,9 @@ PROMPT = [11, 250, 3000, 42, 7, 999]
 @pytest.fixture(scope="module")
 def bench_engine(tmp_path_factory):
     model_dir = write_tiny_text_model(tmp_path_factory.mktemp("bench-model"), preset="bench", seed=0)
-    engine = start_engine(model_dir, tmp_path_factory.mktemp("bench-engine"))
-    engine.weight_bytes = (Path(model_dir) / "model.safetensors").stat().st_size
-    yield engine
-    engine.close()
+    with EmbeddedEngine(model_dir, tmp_path_factory.mktemp("bench-engine")) as engine:
+        engine.weight_bytes = (Path(model_dir) / "model.safetensors").stat().st_size
+        yield engine
 
 
 def _rss_bytes(pid: int) -> int:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 import engine_reference as reference
-from engine_weights import gloo_sender, push, random_adapter
+from engine_weights import gloo_sender, perturbed, push, random_adapter
 from tx.inference.protocol import ROUTE_WEIGHTS_UPDATE_IPC, IpcWeightsUpdateRequest
 from tx.inference.weight_sync import plan_update
 from tx.inference.weight_sync.types import IpcUpdate
@@ -53,18 +52,14 @@ def test_lora_adapters_match_peft(engine, sender, reference_model):
 
     engine.post("/weights/finish", {"version": "v2", "adapter": "a2", "remove_adapters": ["a1"]})
     assert engine.health()["adapters"] == {"a2": "v2"}
-    assert engine.client.delete("/adapters/a2").json()["adapters"] == {}
-    response = engine.client.post("/generate", json={"prompt_token_ids": PROMPT, "adapter": "a2"})
+    assert engine.http.delete("/adapters/a2").json()["adapters"] == {}
+    response = engine.http.post("/generate", json={"prompt_token_ids": PROMPT, "adapter": "a2"})
     assert response.status_code == 404
 
 
 def test_full_weights_push(engine, sender, reference_model):
     original = [(name, t.detach().clone()) for name, t in reference_model.state_dict().items()]
-    changed_model = copy.deepcopy(reference_model)
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for param in changed_model.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+    changed_model = perturbed(reference_model, seed=7)
     changed = [(name, t.detach().contiguous()) for name, t in changed_model.state_dict().items()]
     push(engine, sender, changed)
     engine.post("/weights/finish", {"version": "step-3"})
@@ -81,7 +76,7 @@ def test_unknown_base_tensor_is_rejected_without_hanging(engine, sender):
     named = [("model.not_a_layer.weight", torch.zeros(3, 3))]
     update = plan_update(named)
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(engine.client.post, "/weights/update", json={"transfer": update.model_dump()})
+        pending = pool.submit(engine.http.post, "/weights/update", json={"transfer": update.model_dump()})
         sender.send(named, update)
         response = pending.result(timeout=60)
     assert response.status_code == 400 and "not_a_layer" in response.text

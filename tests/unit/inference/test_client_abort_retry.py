@@ -12,55 +12,24 @@ import json
 import pickle
 import threading
 import time
-import uuid
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
+from live_engine import SECRET, EmbeddedEngine
 
 from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
-from tx.inference.engines.embedded import EmbeddedEngineConfig
-from tx.inference.engines.kinds import EMBEDDED
-from tx.inference.engines.process import spawn, stop, wait_ready
 from tx.inference.protocol import SECRET_HEADER, GenerateRequest
 from tx.inference.router import Router
-from tx.models.tiny import write_tiny_text_model
 
-SECRET = "client-test-" + uuid.uuid4().hex
 PROMPT = [5, 17, 230, 1000, 44]
 MAX_TOKENS = 400
 
 
-class LiveEngine:
-    def __init__(self, model_dir: Path, work: Path) -> None:
-        self.config = EmbeddedEngineConfig(
-            model_dir=model_dir, cluster_secret=SECRET, ready_file=work / "ready.json", stash_dir=work,
-            num_threads=1, log_level="warning", device="cpu",
-        )
-        self.process = spawn(EMBEDDED, self.config)
-        self.url = wait_ready(self.config, self.process, timeout_s=180)
-        self.http = httpx.Client(base_url=self.url, headers={SECRET_HEADER: SECRET}, timeout=60)
-
-    def post(self, path: str, body: dict | None = None) -> dict:
-        response = self.http.post(path, json=body if body is not None else {})
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def stats(self) -> dict:
-        return self.http.get("/health").json()["stats"]
-
-    def close(self) -> None:
-        self.http.close()
-        stop(self.process, EMBEDDED.stop_timeout_s)
-
-
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    model_dir = write_tiny_text_model(tmp_path_factory.mktemp("tiny-model"), preset="tiny", seed=0)
-    live = LiveEngine(model_dir, tmp_path_factory.mktemp("engine"))
-    yield live
-    live.close()
+def engine(tiny_model_dir, tmp_path_factory):
+    with EmbeddedEngine(tiny_model_dir, tmp_path_factory.mktemp("engine"), log_level="warning") as live:
+        yield live
 
 
 def _request(max_tokens: int = MAX_TOKENS, **overrides) -> GenerateRequest:
@@ -78,9 +47,9 @@ def _generate(client: InferenceClient, request: GenerateRequest, key: str = "s:0
     return asyncio.run(run())
 
 
-def _wait_for_steps(engine: LiveEngine, start: int, at_least: int, timeout_s: float = 60.0) -> None:
+def _wait_for_steps(engine: EmbeddedEngine, start: int, at_least: int, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while engine.stats()["num_decode_steps"] - start < at_least:
+    while engine.health()["stats"]["num_decode_steps"] - start < at_least:
         assert time.monotonic() < deadline, "the engine made no progress"
         time.sleep(0.005)
 
@@ -96,7 +65,7 @@ def uninterrupted(engine):
 @pytest.mark.parametrize("pauses", [1, 2])
 def test_abort_pause_is_retried_into_one_complete_sequence(engine, uninterrupted, pauses):
     client = InferenceClient(engines={"e0": engine.url}, secret=SECRET)
-    before = engine.stats()
+    before = engine.health()["stats"]
     result: dict = {}
 
     def run() -> None:
@@ -114,13 +83,13 @@ def test_abort_pause_is_retried_into_one_complete_sequence(engine, uninterrupted
         assert engine.post("/pause", {"mode": "abort"})["paused"] is True
         # the client resends at once; the resend waits in the engine's queue until resume
         deadline = time.monotonic() + 30
-        while engine.stats()["num_requests"] - before["num_requests"] < 2 + i:
+        while engine.health()["stats"]["num_requests"] - before["num_requests"] < 2 + i:
             assert time.monotonic() < deadline, "the client did not resend the aborted request"
             time.sleep(0.01)
         time.sleep(0.1)
-        assert engine.stats()["num_requests"] - before["num_requests"] == 2 + i, "one resend per abort"
+        assert engine.health()["stats"]["num_requests"] - before["num_requests"] == 2 + i, "one resend per abort"
         assert engine.http.get("/health").json()["num_waiting"] == 1
-        steps = engine.stats()["num_decode_steps"]
+        steps = engine.health()["stats"]["num_decode_steps"]
         assert engine.post("/resume")["paused"] is False
     thread.join(timeout=120)
     assert not thread.is_alive()
@@ -134,7 +103,7 @@ def test_abort_pause_is_retried_into_one_complete_sequence(engine, uninterrupted
     assert len(seq.token_ids) == MAX_TOKENS == len(seq.logprobs)
     assert seq.token_ids == uninterrupted.token_ids
     assert seq.logprobs == pytest.approx(uninterrupted.logprobs, abs=1e-4)
-    after = engine.stats()
+    after = engine.health()["stats"]
     assert after["num_requests"] - before["num_requests"] == 1 + pauses
     assert after["num_generated_tokens"] - before["num_generated_tokens"] == MAX_TOKENS
 
@@ -188,7 +157,7 @@ def test_resumed_sample_stops_on_a_string_that_starts_before_the_abort(engine, u
     assert resumed.stop_reason == "stop" and resumed.token_ids == tokens[k:k + 1]
 
 
-def _tokenizer_decode(engine: LiveEngine):
+def _tokenizer_decode(engine: EmbeddedEngine):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(engine.config.model_dir)
