@@ -13,11 +13,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import tinker
@@ -44,7 +44,7 @@ class TxServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 120.0) -> TxServer:
+    def start(self, timeout_s: float = 120.0) -> Self:
         self.port = self.port or free_port()
         self.log_path = self.data_dir / f"server-{self.port}.log"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -55,13 +55,13 @@ class TxServer:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
         try:
-            self._wait_healthy(timeout_s)
+            wait_healthy("tx serve", f"{self.url}/api/v1/healthz", self.proc, timeout_s, self.log)
         except TimeoutError:
             self.stop()  # not left running behind a failed fixture
             raise
         return self
 
-    def __enter__(self) -> TxServer:
+    def __enter__(self) -> Self:
         """Starts the server unless it runs (`with server.start(timeout_s=...)` starts it with options)."""
         return self.start() if self.proc is None or self.proc.poll() is not None else self
 
@@ -81,34 +81,42 @@ class TxServer:
         answer.raise_for_status()
         return answer.json()["groups"]
 
-    def _wait_healthy(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"tx serve exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.url}/api/v1/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"tx serve not healthy after {timeout_s}s:\n{self.log()}")
-
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
+        stop_group(self.proc, 20)
 
     def client_env(self) -> dict[str, str]:
         return {"TINKER_BASE_URL": self.url, "TINKER_API_KEY": API_KEY, "TINKER_TELEMETRY": "0"}
+
+
+def wait_healthy(name: str, url: str, proc: subprocess.Popen, timeout_s: float, log: Callable[[], str]) -> None:
+    """Until GET `url` answers 200: RuntimeError (with `log()`) if `proc`, called `name`, exits first,
+    TimeoutError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log()}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{name} not healthy after {timeout_s}s:\n{log()}")
+
+
+def stop_group(proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """SIGTERM the process group `proc` leads (started with start_new_session), SIGKILL it after `timeout_s`."""
+    if proc is None or proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
 
 
 def abandon(client: tinker.ServiceClient) -> None:

@@ -22,10 +22,11 @@ import httpx
 import numpy as np
 import pytest
 import tinker
+from live_engine import vllm_missing
 from tinker import types
 
 from rl_toy import assert_reward_rose, run_rl_toy
-from txserver import TxServer, free_port
+from txserver import TxServer, free_port, stop_group, wait_healthy
 
 pytestmark = pytest.mark.slow
 SECRET = "external-engines-test-secret"
@@ -55,16 +56,9 @@ class UserEngine:
         return self
 
     def wait(self, timeout_s: float = 240.0) -> UserEngine:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, f"{self.url} exited: {self.log()}"
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"engine {self.url} not healthy after {timeout_s} s: {self.log()}")
+        assert self.proc is not None
+        wait_healthy(f"engine {self.url}", self.url + "/health", self.proc, timeout_s, self.log)
+        return self
 
     def log(self) -> str:
         return "".join(p.read_text(errors="replace")[-3000:] for p in self.log_dir.glob(f"engine-*-{self.port}.log"))
@@ -75,23 +69,7 @@ class UserEngine:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-
-def vllm_missing() -> str | None:
-    from tx.inference.engines.vllm import VllmUnavailable, require_vllm
-
-    try:
-        require_vllm()
-    except VllmUnavailable as exc:
-        return str(exc)
-    return None
+        stop_group(self.proc, 30)
 
 
 @pytest.fixture(scope="module")
