@@ -214,7 +214,8 @@ def run_recipe(
 
     `overrides` is a mapping (rendered as key=value) or a ready list of CLI args. `log_path`, when given,
     is added as `log_path=...` unless the overrides set it (recipes whose config names it differently,
-    e.g. vlm_classifier's experiment_dir, pass theirs in overrides and the run dir here). The process runs
+    e.g. vlm_classifier's experiment_dir, pass theirs in overrides and the run dir here); so are `base_url`
+    (the server's) and `behavior_if_log_dir_exists=delete`, where the recipe has them. The process runs
     with stdin=/dev/null, cwd=fixture.root, in its own session, and is killed after `timeout_s`.
     With check=True a non-zero exit or a timeout raises AssertionError carrying the recipe output and the
     server log tail.
@@ -227,6 +228,9 @@ def run_recipe(
         args.append(f"log_path={log_path}")
     if server is not None and not any(a.startswith("base_url=") for a in args) and _has_field(module, "base_url"):
         args.append(f"base_url={server.url}")
+    if not any(a.startswith("behavior_if_log_dir_exists=") for a in args) and _has_field(
+            module, "behavior_if_log_dir_exists"):
+        args.append("behavior_if_log_dir_exists=delete")  # never the interactive prompt
     cmd = [sys.executable, "-m", module, *args]
 
     fixture.runs_dir.mkdir(parents=True, exist_ok=True)

@@ -40,9 +40,8 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> CookbookFixture:
 
 @pytest.fixture(scope="module")
 def cookbook_server(fixture: CookbookFixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"))
-    yield srv
-    srv.stop()
+    with start_tx_server(fixture, tmp_path_factory.mktemp("tx-data")) as srv:
+        yield srv
 
 
 def write_conversations(path: Path, n: int) -> Path:
@@ -73,7 +72,6 @@ def test_chat_sl_trains_and_checkpoints(fixture: CookbookFixture, cookbook_serve
             "save_every": SAVE_EVERY,
             "eval_every": 0,  # no sampling (and a .jsonl has no test split anyway)
             "infrequent_eval_every": 0,
-            "behavior_if_log_dir_exists": "delete",
         },
         fixture=fixture,
         server=cookbook_server,

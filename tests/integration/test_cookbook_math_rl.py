@@ -31,6 +31,7 @@ from cookbook import (
     run_recipe,
     start_tx_server,
 )
+from live_engine import vllm_missing
 from txserver import TxServer
 
 pytestmark = recipe_test_marks()
@@ -55,16 +56,11 @@ ENGINES = ["embedded", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark
 def cookbook_server(request: pytest.FixtureRequest, fixture: CookbookFixture,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """The recipe against each engine: the embedded one, and vLLM (`--engine vllm`) where it is installed."""
-    if request.param == "vllm":
-        from tx.inference.engines.vllm import VllmUnavailable, require_vllm
-
-        try:
-            require_vllm()
-        except VllmUnavailable as exc:
-            pytest.skip(str(exc))
-    srv = start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"), args=["--engine", request.param])
-    yield srv
-    srv.stop()
+    reason = vllm_missing() if request.param == "vllm" else None
+    if reason is not None:
+        pytest.skip(reason)
+    with start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"), args=["--engine", request.param]) as srv:
+        yield srv
 
 
 # qwen3 stops on the `<|im_end|>` token id (stop=[int]); role_colon on the string "\n\nUser:" (stop=[str]).
@@ -88,7 +84,6 @@ def test_math_rl_arithmetic_importance_sampling(fixture: CookbookFixture, cookbo
             "max_steps": MAX_STEPS,
             "save_every": SAVE_EVERY,
             "eval_every": 0,
-            "behavior_if_log_dir_exists": "delete",
         },
         fixture=fixture,
         server=cookbook_server,

@@ -99,9 +99,8 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> CookbookFixture:
 
 @pytest.fixture(scope="module")
 def cookbook_server(fixture: CookbookFixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    srv = start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"), env=SERVER_ENV)
-    yield srv
-    srv.stop()
+    with start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"), env=SERVER_ENV) as srv:
+        yield srv
 
 
 def test_vlm_classifier_trains_evaluates_and_checkpoints(fixture: CookbookFixture,
@@ -128,7 +127,6 @@ def test_vlm_classifier_trains_evaluates_and_checkpoints(fixture: CookbookFixtur
             "infrequent_eval_every": 0,
             "n_eval": N_EVAL,
             "max_tokens": MAX_TOKENS,
-            "behavior_if_log_dir_exists": "delete",
         },
         fixture=fixture,
         server=cookbook_server,
