@@ -19,10 +19,10 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-# Logits per chunk (positions x vocab). 32M float32 values = 128 MiB per buffer: ~220 positions at Qwen3's
-# vocabulary (151,936), all of them for a small vocabulary. Three such buffers stay well under the 1 GiB
-# above model + optimizer the trainer allows itself on CPU; smaller chunks were slower on CPU.
-CHUNK_LOGITS = 32 << 20
+# Logits per chunk (positions x vocab). 16M float32 values = 64 MiB per buffer: ~110 positions at Qwen3's
+# vocabulary (151,936), all of them for a small vocabulary. The head holds about three such buffers at its
+# peak (~190 MiB; at 32M it was ~390 MiB, at the same speed on CPU; at 8M it was slower).
+CHUNK_LOGITS = 16 << 20
 
 
 def chunk_positions(vocab_size: int, chunk_logits: int | None = None) -> int:

@@ -12,9 +12,8 @@ TrainDtype = Literal["float32", "bfloat16", "float16"]
 ShardBase = Literal["auto", "always", "never"]
 
 # Tokens per micro-batch on CPU (the JAX backend uses it too). scripts/bench/train_memory.py at Qwen3's
-# vocabulary (151,936): hidden 64, 32 x 2,048 tokens in micro-batches of 8,192 peaked ~0.7 GiB above model +
-# optimizer; hidden 256 at 4,096 tokens peaked 0.83 GiB, so at 8,192 it may pass 1 GiB: lower this flag for
-# wider models on CPU.
+# vocabulary (151,936), 32 x 2,048 tokens in micro-batches of 8,192: hidden 256 peaked 870 MiB above
+# model + optimizer (with memory.return_freed_tensors_to_os; 1,324 MiB without it).
 CPU_MICRO_BATCH_TOKENS = 8192
 
 
