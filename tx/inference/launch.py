@@ -76,18 +76,37 @@ class LocalLauncher:
         self.max_adapters = max_adapters
         self.startup_timeout_s = startup_timeout_s or self.kind.startup_timeout_s
         self.engine_options = engine_options
+        self._starting: set[subprocess.Popen] = set()  # spawned, not yet serving
+        self._closed = False
 
     async def start(self, name: str, model_dir: Path) -> EngineProcess:
+        if self._closed:
+            raise RuntimeError(f"the server is shutting down: {self.kind.label} {name} is not started")
         run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
         run_dir.mkdir(parents=True, mode=0o700)
         config = run_config(self.kind, run_dir, self.startup_timeout_s, model_dir=model_dir, port=0,
                             cluster_secret=self.secret, host=self.host, max_adapters=self.max_adapters,
                             **self.engine_options)
         log, timeout_s = run_dir / "engine.log", self.startup_timeout_s + STARTUP_GRACE_S
+        spawned: list[subprocess.Popen] = []
+
+        def on_spawn(process: subprocess.Popen) -> None:
+            spawned.append(process)
+            self._starting.add(process)
+
         try:
-            process, url = await asyncio.to_thread(start_logged, self.kind, config, log, timeout_s)
+            process, url = await asyncio.to_thread(
+                start_logged, self.kind, config, log, timeout_s, on_spawn=on_spawn
+            )
         except RuntimeError as exc:
+            if self._closed:
+                raise RuntimeError(f"the server shut down while {self.kind.label} {name} started") from exc
             raise RuntimeError(f"{self.kind.label} {name} failed to start: {exc}") from exc
+        finally:
+            self._starting.difference_update(spawned)
+        if self._closed:  # it became ready just as the server shut down
+            await asyncio.to_thread(stop, process, self.kind.stop_timeout_s)
+            raise RuntimeError(f"the server shut down while {self.kind.label} {name} started")
         logger.info("%s %s (pid %d) serving %s at %s", self.kind.label, name, process.pid, model_dir, url)
         return EngineProcess(name=name, url=url, process=process)
 
@@ -96,4 +115,7 @@ class LocalLauncher:
         await asyncio.to_thread(stop, engine.process, self.kind.stop_timeout_s)
 
     async def close(self) -> None:
-        """Nothing to release: every engine process is stopped through `stop`."""
+        """Stop the engines still starting (a serving one is stopped through `stop`), and start no more."""
+        self._closed = True
+        for process in list(self._starting):
+            await asyncio.to_thread(stop, process, self.kind.stop_timeout_s)

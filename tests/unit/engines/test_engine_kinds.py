@@ -100,3 +100,34 @@ def test_a_kind_that_cannot_run_here_fails_when_the_launcher_is_built(tmp_path: 
 
     with pytest.raises(RuntimeError, match="install the extra"):
         LocalLauncher(tmp_path, SECRET, kind=dataclasses.replace(VLLM, check=missing))
+
+
+def test_closing_the_launcher_stops_an_engine_still_starting(tmp_path: Path, monkeypatch):
+    """Regression: an engine mid-start at shutdown was left running (its own session outlives the server)."""
+    pid_file = tmp_path / "engine.pid"
+    (tmp_path / "hanging_engine").mkdir()
+    (tmp_path / "hanging_engine" / "__main__.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    kind = dataclasses.replace(EMBEDDED, label="hanging engine", module="hanging_engine")
+    launcher = LocalLauncher(tmp_path / "runs", SECRET, kind=kind, device="cpu", startup_timeout_s=60)
+
+    async def scenario() -> None:
+        start = asyncio.create_task(launcher.start("e1", tmp_path))
+        while not pid_file.exists() or not pid_file.read_text():
+            await asyncio.sleep(0.05)
+        await launcher.close()
+        with pytest.raises(RuntimeError, match="shut down while hanging engine e1 started"):
+            await asyncio.wait_for(start, 10)
+        with pytest.raises(RuntimeError, match="shutting down"):
+            await launcher.start("e2", tmp_path)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pid = int(pid_file.read_text())
+        alive = _alive(pid)
+        if alive:
+            os.kill(pid, 9)
+    assert not alive

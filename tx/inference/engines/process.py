@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 import sys
 import time
 from pathlib import Path
@@ -85,12 +86,16 @@ def stop(process: subprocess.Popen, timeout_s: float) -> None:
         process.wait(timeout=timeout_s)
 
 
-def start_logged(kind: EngineKind, config: EngineProcessConfig, log_path: Path, timeout_s: float,
+def start_logged(kind: EngineKind, config: EngineProcessConfig, log_path: Path, timeout_s: float, *,
+                 on_spawn: Callable[[subprocess.Popen], None] | None = None,
                  **popen_kwargs: Any) -> tuple[subprocess.Popen, str]:
     """Spawn an engine writing to `log_path` and wait until it serves: (process, url). If it fails first, it
-    is stopped and the RuntimeError carries the log's tail. Blocking: run it in a thread."""
+    is stopped and the RuntimeError carries the log's tail. `on_spawn` learns the process before the wait
+    (a launcher that closes meanwhile stops it). Blocking: run it in a thread."""
     with open(log_path, "ab") as log:
         process = spawn(kind, config, stdout=log, stderr=subprocess.STDOUT, **popen_kwargs)
+    if on_spawn is not None:
+        on_spawn(process)
     try:
         return process, wait_ready(config, process, timeout_s, what=kind.label)
     except RuntimeError as exc:
