@@ -71,9 +71,17 @@ class TxServer:
     @contextmanager
     def client(self, api_key: str = API_KEY, **options: Any) -> Iterator[tinker.ServiceClient]:
         """A ServiceClient of this server whose session is finished on exit, and waited for: a session left
-        open keeps heartbeating after the server stops, and the SDK warns about it at the end of the run."""
-        with tinker.ServiceClient(base_url=self.url, api_key=api_key, **options) as client:
+        open keeps heartbeating after the server stops, and the SDK warns about it at the end of the run. If
+        the server was stopped meanwhile (a test that stops it), the client is abandoned instead: a finish
+        would be retried for minutes."""
+        client = tinker.ServiceClient(base_url=self.url, api_key=api_key, **options)
+        try:
             yield client
+        finally:
+            if self.proc is not None and self.proc.poll() is None:
+                client.close("success").result()
+            else:
+                abandon(client)
 
     def engine_groups(self) -> list[dict[str, Any]]:
         """The engine groups as `GET /api/v1/tx/engines` shows them."""
