@@ -83,7 +83,7 @@ def return_freed_tensors_to_os() -> bool:
     hidden 256, Qwen3's vocabulary, 32 x 2,048 tokens in micro-batches of 8,192, peak RSS above model +
     optimizer): glibc's default 1,324 MiB, 8 MiB 870 MiB, 1 MiB 716 MiB, all at the same speed. A 1 MiB
     threshold made small steps 50% slower (every mid-sized tensor faulted in afresh: the bench model's
-    8 x 128-token step 0.86 -> 1.32 s); 8 MiB costs them ~3%.
+    8 x 128-token step 0.86 -> 1.32 s); 8 MiB costs them 3-7%.
     """
     if not sys.platform.startswith("linux"):
         return False
