@@ -15,7 +15,7 @@ from typing import Protocol
 from tx.backends.base import TrainingBackend
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import peft_config_for
-from tx.types import LoraConfig
+from tx.types import LoraConfig, UserError
 
 
 class RunConfig(Protocol):
@@ -26,6 +26,16 @@ class RunConfig(Protocol):
 
     @property
     def lora(self) -> LoraConfig: ...
+
+
+def check_compatible(run: RunConfig, base_model: str, lora: LoraConfig, directory: Path) -> None:
+    """UserError unless the checkpoint in `directory` (for `base_model`, with `lora`) fits `run` (every backend)."""
+    if base_model != run.base_model:
+        raise UserError(f"checkpoint {directory} is for base model {base_model!r}, not {run.base_model!r}")
+    mine = (run.lora.rank, run.lora.train_attn, run.lora.train_mlp, run.lora.train_unembed)
+    theirs = (lora.rank, lora.train_attn, lora.train_mlp, lora.train_unembed)
+    if mine != theirs:
+        raise UserError(f"checkpoint {directory} has LoRA config {lora}, which does not fit {run.lora}")
 
 
 class LoraFilesBackend(TrainingBackend):

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from tx.backends.lora_files import LoraFilesBackend
+from tx.backends.lora_files import LoraFilesBackend, check_compatible
 from tx.backends.jax import lora as lora_mod
 from tx.backends.jax import mesh as mesh_mod
 from tx.backends.jax import optim, shapes, state, step
@@ -28,7 +28,6 @@ from tx.backends.jax.model import load_weights
 from tx.backends.jax.spec import ModelSpec, read_spec
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
-from tx.backends.torch.backend import _check_compatible  # one rule for both backends
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.types import (
@@ -208,7 +207,7 @@ class JaxBackend(LoraFilesBackend):
         optimizer, AdamW starts afresh."""
         run = self._run(model_id)
         base_model, lora = self.read_state_config(directory)
-        _check_compatible(run, base_model, lora, directory)
+        check_compatible(run, base_model, lora, directory)
         modules = lora_mod.module_shapes(self._specs[run.base_model], run.lora)
         loaded = state.read(directory, state.peft_shapes(modules, run.lora.rank), with_optimizer)
         paths = list(modules)

@@ -15,12 +15,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tx.backends.base import TrainingBackend
 from tx.backends.datums import DatumRules, check_custom_inputs
+from tx.backends.lora_files import check_compatible
 from tx.backends.losses import batch_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.batch import build_micro_batch, prepare_data
@@ -224,7 +225,7 @@ class TorchBackend(TrainingBackend):
         """
         run = self._run(model_id)
         base_model, lora = self.read_state_config(directory)
-        _check_compatible(run, base_model, lora, directory)
+        check_compatible(run, base_model, lora, directory)
         weights = checkpoint.read_weights(directory, self.device)
         optimizer_state = checkpoint.read_optimizer_state(directory, self.device) if with_optimizer else None
         _copy_weights(run, weights, directory)
@@ -268,23 +269,6 @@ def _grads(run: Run) -> dict[str, torch.Tensor | None]:
 def _restore_grads(run: Run, saved: dict[str, torch.Tensor | None]) -> None:
     for name, param in run.params.items():
         param.grad = saved[name]
-
-
-class _RunConfig(Protocol):  # what a run of either backend (torch, jax) says of its model
-    @property
-    def base_model(self) -> str: ...
-
-    @property
-    def lora(self) -> LoraConfig: ...
-
-
-def _check_compatible(run: _RunConfig, base_model: str, lora: LoraConfig, directory: Path) -> None:
-    if base_model != run.base_model:
-        raise UserError(f"checkpoint {directory} is for base model {base_model!r}, not {run.base_model!r}")
-    mine = (run.lora.rank, run.lora.train_attn, run.lora.train_mlp, run.lora.train_unembed)
-    theirs = (lora.rank, lora.train_attn, lora.train_mlp, lora.train_unembed)
-    if mine != theirs:
-        raise UserError(f"checkpoint {directory} has LoRA config {lora}, which does not fit {run.lora}")
 
 
 def _copy_weights(run: Run, weights: dict[str, torch.Tensor], directory: Path) -> None:

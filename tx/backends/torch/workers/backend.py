@@ -27,10 +27,9 @@ from typing import Any
 import torch
 
 from tx.backends.datums import DatumRules
-from tx.backends.lora_files import LoraFilesBackend
+from tx.backends.lora_files import LoraFilesBackend, check_compatible
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
-from tx.backends.torch.backend import _check_compatible
 from tx.backends.torch.batch import prepare_data
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.workers import tensors
@@ -197,7 +196,7 @@ class WorkersBackend(LoraFilesBackend):
     def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
         run = self._run(model_id)
         base_model, lora = self.read_state_config(directory)
-        _check_compatible(run, base_model, lora, directory)
+        check_compatible(run, base_model, lora, directory)
         named = {f"w/{k}": v for k, v in checkpoint.read_weights(directory, _CPU).items()}
         meta = None
         if with_optimizer:
