@@ -71,7 +71,7 @@ class EmbeddedEngine(LiveEngine):
     def __init__(self, model_dir: Path, work_dir: Path, timeout_s: float = 180, **options: Any) -> None:
         from tx.inference.engines.embedded import EmbeddedEngineConfig
         from tx.inference.engines.kinds import EMBEDDED
-        from tx.inference.engines.process import spawn, stop, wait_ready
+        from tx.inference.launch.process import spawn, stop, wait_ready
 
         self.config = EmbeddedEngineConfig(
             model_dir=model_dir, cluster_secret=SECRET, ready_file=work_dir / "ready.json", stash_dir=work_dir,
@@ -96,7 +96,7 @@ class EmbeddedEngine(LiveEngine):
 
     def close(self) -> None:
         from tx.inference.engines.kinds import EMBEDDED
-        from tx.inference.engines.process import stop
+        from tx.inference.launch.process import stop
 
         super().close()
         stop(self.process, EMBEDDED.stop_timeout_s)

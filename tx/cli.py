@@ -11,7 +11,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from tx.inference.engines.kinds import EngineKindName
+from tx.config import EngineKindName
 
 logger = logging.getLogger("tx")
 SHUTDOWN_GRACE_S = 1  # seconds
@@ -226,7 +226,7 @@ def make_tiny(args: argparse.Namespace) -> int:
 def export_checkpoint(args: argparse.Namespace) -> int:
     from tx.backends.torch.export import checkpoint_base_model, merge_into_base
     from tx.config import Settings
-    from tx.core.checkpoints import CheckpointFiles, TinkerPath
+    from tx.core.checkpoints.files import CheckpointFiles, TinkerPath
     from tx.models.serve import resolve_served_models
     from tx.types import NotFoundError, UserError
 

@@ -15,9 +15,21 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from tx.inference.engines.kinds import EngineKindName
-
 DEFAULT_MODEL = "tiny-qwen3"
+
+# The names settings choose between, on the ground floor so that every component imports them from here.
+EngineKindName = Literal["embedded", "vllm"]  # each kind's record: tx/inference/engines/kinds.py
+Dtype = Literal["float32", "bfloat16", "float16"]  # base weights' dtype; LoRA, optimizer, logprobs stay float32
+ShardBase = Literal["auto", "always", "never"]  # trainer workers: shard the frozen base with FSDP2?
+
+
+def default_train_dtype(device: str) -> Dtype:
+    """The trainer's default dtype for a `--device` value, without importing torch unless it is "auto"."""
+    if device == "auto":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return "bfloat16" if device.startswith("cuda") else "float32"
 
 
 def _engine_url(url: str) -> str:
@@ -242,8 +254,6 @@ class Settings(BaseSettings):
             return self.engine_dtype
         if self.train_dtype is not None:
             return self.train_dtype
-        from tx.backends.torch.settings import default_train_dtype
-
         return default_train_dtype(self.device)
 
     @property

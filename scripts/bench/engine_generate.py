@@ -25,7 +25,7 @@ import torch
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
 from tx.inference.engines.kinds import EMBEDDED
-from tx.inference.engines.process import spawn, stop, wait_ready
+from tx.inference.launch.process import spawn, stop, wait_ready
 from tx.inference.protocol import ROUTE_GENERATE, SECRET_HEADER
 from tx.models.tiny import write_tiny_text_model
 

@@ -40,8 +40,9 @@ import torch
 
 from tx.backends.base import TrainingBackend
 from tx.backends.torch.backend import TorchBackend
-from tx.backends.torch.settings import ShardBase, TrainerSettings
+from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers import create_workers_backend
+from tx.config import ShardBase
 from tx.models import write_tiny_text_model
 from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
 

@@ -23,7 +23,7 @@ import pytest
 
 from engine_weights import random_adapter
 from live_manager import LiveManager
-from tx.inference.launch import EngineProcess, LocalLauncher
+from tx.inference.launch.local import EngineProcess, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.models.tiny import write_tiny_text_model
 from tx.types import SamplingParams

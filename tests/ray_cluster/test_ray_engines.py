@@ -21,11 +21,13 @@ if not hasattr(ray, "init"):  # tests/ is on sys.path, so tests/ray can pose as 
     pytest.skip("ray is not installed (pip install 'tx[ray]')", allow_module_level=True)
 
 from live_manager import LiveManager
+
+from tx.inference.launch.ray_launcher import RayEngine, RayLauncher, bundle_gpus, ray_options
 from tx.inference.manager import EngineManager, EngineSettings
-from tx.inference.ray.launcher import RayEngine, RayLauncher, bundle_gpus, connect, ray_options
-from tx.inference.ray.placement import PlacementSpec
-from tx.inference.router import Router
+from tx.inference.manager.router import Router
 from tx.models.tiny import write_tiny_text_model
+from tx.ray import connect
+from tx.ray.placement import PlacementSpec
 
 pytestmark = pytest.mark.ray
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tx.inference.ray.placement import ActorPlacement, PlacementSpec
+from tx.ray.placement import ActorPlacement, PlacementSpec
 
 
 def test_separate_engines_take_whole_gpus_after_the_trainer():
@@ -81,7 +81,7 @@ def test_cluster_without_enough_gpus_is_a_clear_error():
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    from tx.inference.ray import import_ray
+    from tx.ray import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install 'tx\[ray\]'"):

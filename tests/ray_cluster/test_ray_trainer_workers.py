@@ -14,9 +14,10 @@ if not hasattr(ray, "init"):  # tests/ is on sys.path, so tests/ray can pose as 
 
 from tx.backends.torch.backend import TorchBackend
 from tx.backends.torch.workers import create_workers_backend
-from tx.inference.ray.launcher import RayLauncher, connect
-from tx.inference.ray.placement import PlacementSpec
+from tx.inference.launch.ray_launcher import RayLauncher
 from tx.models.tiny import write_tiny_text_model
+from tx.ray import connect
+from tx.ray.placement import PlacementSpec
 from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 pytestmark = pytest.mark.ray

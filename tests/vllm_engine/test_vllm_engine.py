@@ -21,7 +21,7 @@ from live_engine import SECRET
 from reference_logprobs import token_logprobs
 from vllm_helpers import greedy
 
-from tx.inference.client import InferenceClient
+from tx.inference.manager.client import InferenceClient
 from tx.inference.protocol import GenerateRequest
 
 pytestmark = pytest.mark.vllm
@@ -216,7 +216,7 @@ def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_m
     import numpy as np
 
     from tx.backends.jax.backend import JaxBackend
-    from tx.inference.versions import lora_spec, read_adapter
+    from tx.inference.manager.versions import lora_spec, read_adapter
     from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
     def forward(tokens: list[int], forward_only: bool = True):

@@ -7,13 +7,13 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 
 from tx.api.auth import KeyChecker, OperatorChecker
+from tx.api.context import Context, Runtime
 from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
 from tx.api.metrics import Metrics, MetricsMiddleware
@@ -30,54 +30,27 @@ from tx.api.routes import (
     training,
 )
 from tx.api.routes import metrics as metrics_route
+from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
-from tx.backends.base import TrainingBackend
 from tx.backends.torch.settings import TrainerSettings
 from tx.config import Settings
-from tx.core.catalog import CheckpointCatalog
-from tx.core.checkpoints import CheckpointFiles
-from tx.core.downloads import DownloadSigner
+from tx.core.checkpoints.downloads import DownloadSigner
+from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import FutureRegistry
-from tx.core.runs import RunViews
-from tx.core.sampling import SamplingService
+from tx.core.sampling.service import SamplingService
+from tx.core.sampling.text import TextSampling
 from tx.core.scheduler import Scheduler
-from tx.core.service import TrainingService
-from tx.core.sessions import SessionService
-from tx.core.text_sampling import TextSampling
-from tx.inference.external import ExternalEngine, ExternalEngineError, check_at_startup
+from tx.core.services import build_services
+from tx.core.views import RunViews
 from tx.inference.launch import Launcher, LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
+from tx.inference.manager.external import ExternalEngine, ExternalEngineError, check_at_startup
 from tx.models.serve import resolve_served_models, tokenizer_id_for
 from tx.multimodal import ImageInputs
 from tx.store.store import Store
 
 logger = logging.getLogger(__name__)
 TRAINING_STOP_WAIT_S = 2.0  # at shutdown, the training step in flight gets this long to end (the thread is a daemon)
-
-
-@dataclass
-class Context:
-    """What the routes reach: the use cases and the read views (plus futures, and the engines for the
-    operator view). The store, the backend and the scheduler sit behind them, in `Runtime`."""
-
-    settings: Settings
-    service: TrainingService
-    sampling: SamplingService
-    runs: RunViews
-    futures: FutureRegistry
-    manager: EngineManager
-    catalog: CheckpointCatalog
-    sessions: SessionService
-    text: TextSampling
-
-
-@dataclass
-class Runtime:
-    """What the lifespan starts and closes; no route reaches it."""
-
-    store: Store
-    backend: TrainingBackend
-    scheduler: Scheduler
 
 
 def engine_colocation(settings: Settings) -> bool:
@@ -128,8 +101,9 @@ def build_launcher(settings: Settings, num_engines: int, colocate: bool) -> Laun
                        extra_args=["--tensor-parallel-size", str(tp)])
     if settings.ray_address is None:
         return LocalLauncher(work_dir, secret, kind=settings.engine, **options)
-    from tx.inference.ray.launcher import RayLauncher, connect
-    from tx.inference.ray.placement import PlacementSpec
+    from tx.inference.launch.ray_launcher import RayLauncher
+    from tx.ray import connect
+    from tx.ray.placement import PlacementSpec
 
     address = None if settings.ray_address == "local" else settings.ray_address
     connect(address)
@@ -176,20 +150,19 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     manager = build_manager(settings, models, loop, backend.training_device(), launcher, colocate, externals)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
-    service = TrainingService(
-        store, backend, futures_, scheduler, files,
-        training_lease=manager.training_pass,
-        engines=manager,
-        versions_kept=settings.sampler_versions_kept,
-    )
+    core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
+                          training_lease=manager.training_pass, versions_kept=settings.sampler_versions_kept)
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, images)
-    runs = RunViews(store, service.base_model_info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
+    views = RunViews(store, core.base_models.info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
-    return (Context(settings, service, sampling, runs, futures_, manager,
-                    CheckpointCatalog(store, files, signer), SessionService(store, futures_, signer),
-                    TextSampling(service, sampling, models)),
-            Runtime(store, backend, scheduler))
+    ctx = Context(
+        settings=settings, sessions=core.sessions, runs=core.runs, views=views, training=core.training,
+        sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, samplers=core.samplers,
+        sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
+        custom_losses=core.custom_losses, futures=futures_, manager=manager,
+    )
+    return ctx, Runtime(store, backend, scheduler)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -226,7 +199,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(module.router, prefix="/api/v1")
     app.include_router(oai.router, prefix="/oai/api/v1")
     app.include_router(metrics_route.router)
-    install_error_handlers(app, on_invalid=training.reject_seq_of_invalid_body)
+    install_error_handlers(app, on_invalid=reject_seq_of_invalid_body)
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
                        max_request_bytes=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
@@ -240,7 +213,7 @@ async def _janitor(ctx: Context) -> None:
         try:
             ctx.futures.expire()
             await asyncio.to_thread(ctx.catalog.delete_expired)
-            await asyncio.to_thread(ctx.service.reap_stale_sessions, ctx.settings.session_timeout_s)
+            await asyncio.to_thread(ctx.sessions.reap_stale, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")
 

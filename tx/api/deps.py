@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from tx.api.auth import Principal
 
 if TYPE_CHECKING:
-    from tx.api.app import Context
+    from tx.api.context import Context
 
 
 def get_ctx(request: Request) -> Context:

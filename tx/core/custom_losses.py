@@ -16,13 +16,16 @@ from typing import Any
 from tx.backends.base import TrainingBackend
 from tx.core.futures import Future, FutureRegistry
 from tx.core.results import CustomLossCreated
+from tx.core.sessions import live_session
+from tx.store.store import Store
 from tx.types import CustomLoss, ForwardBackwardInput, UserError
 
 MAX_LOSSES_PER_SESSION = 256
 
 
 class CustomLosses:
-    def __init__(self, futures: FutureRegistry, backend: TrainingBackend) -> None:
+    def __init__(self, store: Store, futures: FutureRegistry, backend: TrainingBackend) -> None:
+        self._store = store
         self._futures = futures
         self._backend = backend
         self._losses: dict[str, CustomLoss] = {}
@@ -33,6 +36,7 @@ class CustomLosses:
         inputs: list[tuple[str, int]], nodes: list[dict[str, Any]],
     ) -> Future:
         """Check and store a loss; the future resolves at once with its loss_id (a resend gets the same)."""
+        live_session(self._store, session_id, owner)
         loss_id = f"{session_id}:loss:{seq_id}"
         loss = CustomLoss(loss_id, session_id, name, tuple(inputs), tuple(nodes))
         self._backend.check_custom_loss(loss)
@@ -60,7 +64,7 @@ class CustomLosses:
                             "ServiceClient.create_custom_loss in the session that trains with it")
         return replace(batch, custom_loss=loss)
 
-    def forget_session(self, session_id: str) -> None:
+    def forget_session(self, owner: str, session_id: str) -> None:
         with self._lock:
             for loss_id in [k for k, v in self._losses.items() if v.session_id == session_id]:
                 del self._losses[loss_id]

@@ -1,21 +1,29 @@
-"""Reading sessions: get, list, search, assign a project, and export a trace.
+"""Sessions: create, heartbeat, finish (by the client, or by the janitor when heartbeats stop), and the reads:
+get, list, search, assign a project, export a trace.
 
 A session belongs to the key that created it; every read takes the caller and answers 404 for
 someone else's. tx has no organisations, so every search (owner "own", "accessible" or "user")
-covers the caller's own sessions.
+covers the caller's own sessions. Finishing a session frees its models and custom losses; its runs and
+checkpoints stay.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
 
-from tx.core.downloads import DownloadSigner, LinkScope
+from tx.core.checkpoints.downloads import DownloadSigner, LinkScope
 from tx.core.futures import FutureRegistry
 from tx.core.timeline import chrome_trace
 from tx.store.store import Store
 from tx.store.tables import SessionRow
+from tx.types import UserError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_PROJECT = "default"
 
@@ -62,11 +70,56 @@ class SessionQuery:
     after: tuple[datetime, str] | None = None  # (created_at, session_id) of the last one seen
 
 
+def live_session(store: Store, session_id: str, owner: str) -> SessionRow:
+    """The caller's session, if it is not finished; a UserError telling the client to start a new one."""
+    row = store.get_session(session_id, owner)
+    if row.finished_at is not None:
+        raise UserError(f"session {session_id!r} is finished; start a new ServiceClient")
+    return row
+
+
+class SessionEnd(Protocol):
+    """What else a finished session frees (its models; its custom losses)."""
+
+    def forget_session(self, owner: str, session_id: str) -> None: ...
+
+
 class SessionService:
-    def __init__(self, store: Store, futures: FutureRegistry, signer: DownloadSigner) -> None:
+    def __init__(self, store: Store, futures: FutureRegistry, signer: DownloadSigner,
+                 on_finish: list[SessionEnd] | None = None) -> None:
         self.store = store
         self.futures = futures
         self.signer = signer
+        self._on_finish = on_finish or []
+
+    # -- writes -----------------------------------------------------------------------------
+    def create(self, owner: str, sdk_version: str | None, tags: list[str], user_metadata: dict[str, Any],
+               project_id: str | None = None, display_name: str | None = None) -> str:
+        session_id = uuid.uuid4().hex
+        self.store.create_session(SessionRow(
+            session_id=session_id, owner=owner, sdk_version=sdk_version, tags=tags, user_metadata=user_metadata,
+            project_id=project_id, display_name=display_name,
+        ))
+        return session_id
+
+    def heartbeat(self, owner: str, session_id: str) -> None:
+        self.store.heartbeat(session_id, owner)
+
+    def finish(self, owner: str, session_id: str, reason: str) -> None:
+        self.store.finish_session(session_id, owner, reason)
+        for part in self._on_finish:
+            part.forget_session(owner, session_id)
+
+    def reap_stale(self, timeout_s: float) -> int:
+        """Finish sessions that stopped heartbeating (a crashed client), freeing their models."""
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=timeout_s)
+        stale = self.store.stale_sessions(cutoff)
+        for row in stale:
+            logger.warning("session %s sent no heartbeat for %.0f s; finishing it", row.session_id, timeout_s)
+            self.finish(row.owner, row.session_id, "timeout")
+        return len(stale)
+
+    # -- reads ------------------------------------------------------------------------------
 
     def get(self, owner: str, session_id: str) -> SessionContents:
         row, runs, samplers = self.store.session_contents(session_id, owner)

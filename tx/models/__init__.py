@@ -7,8 +7,9 @@ functions that need them.
 """
 
 from tx.models.hub import write_to_hf_cache
+from tx.models.make_tiny import write_tiny_model
 from tx.models.resolve import resolve_model_dir
-from tx.models.tiny import PRESETS, TinyPreset, write_tiny_model, write_tiny_text_model
+from tx.models.tiny import PRESETS, TinyPreset, write_tiny_text_model
 from tx.models.tokenizer import build_tokenizer
 
 __all__ = [

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tx.models.tiny import write_tiny_model
+from tx.models.make_tiny import write_tiny_model
 
 logger = logging.getLogger(__name__)
 

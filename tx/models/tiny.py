@@ -129,15 +129,6 @@ def _qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
     )
 
 
-def write_tiny_model(directory: Path, preset: str = "tiny", seed: int = 0) -> Path:
-    """Write the tiny model called `preset`: a text preset of `PRESETS`, or "vlm" (a tiny Qwen3-VL)."""
-    if preset == "vlm":
-        from tx.models.tiny_vlm import write_tiny_vlm
-
-        return write_tiny_vlm(directory, seed=seed)
-    return write_tiny_text_model(directory, preset=preset, seed=seed)
-
-
 def write_tiny_text_model(directory: Path, preset: str = "tiny", seed: int = 0) -> Path:
     """Write a random Qwen3 model of shape `PRESETS[preset]` plus its tokenizer into `directory`.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tx.core.checkpoints import CheckpointFiles, TinkerPath
+from tx.core.checkpoints.files import CheckpointFiles, TinkerPath
 
 PATH = TinkerPath("run1", "weights", "step-1")
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fake_backend import BASE, FakeBackend
+
 from tx.backends.base import TrainingBackend
-from tx.core.checkpoints import CheckpointFiles
+from tx.core.checkpoints.downloads import DownloadSigner
+from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import Future, FutureRegistry
 from tx.core.scheduler import Scheduler
-from tx.core.service import TrainingService
+from tx.core.services import build_services
 from tx.store.store import Store
 from tx.types import AdamParams, ErrorCategory, ForwardBackwardInput, LoraConfig, ModelInput, UserError
 from tx.types import Datum as DomainDatum
@@ -32,8 +33,8 @@ class Core:
         self.store = Store.from_url(f"sqlite:///{tmp_path / 'tx.db'}")
         self.futures = FutureRegistry(asyncio.get_running_loop(), ttl_s=3600)
         self.scheduler = Scheduler(self.futures, gap_timeout_s)
-        self.service = TrainingService(self.store, self.backend, self.futures, self.scheduler,
-                                       CheckpointFiles(tmp_path / "checkpoints"))
+        self.service = build_services(self.store, self.backend, self.futures, self.scheduler,
+                                      CheckpointFiles(tmp_path / "checkpoints"), DownloadSigner(b"k" * 32, 3600))
         self.scheduler.start()
 
     def close(self) -> None:
@@ -46,15 +47,15 @@ class Core:
         return finished
 
     async def new_model(self) -> str:
-        session = self.service.create_session(OWNER, None, [], {})
-        created = await self.done(self.service.create_model(OWNER, session, 0, BASE, LoraConfig(rank=4), None))
+        session = self.service.sessions.create(OWNER, None, [], {})
+        created = await self.done(self.service.runs.create(OWNER, session, 0, BASE, LoraConfig(rank=4), None))
         assert created.failure is None, created.failure
         return created.result.model_id
 
     def forward_backward(self, model_id: str, seq_id: int, tokens: tuple[int, ...] = (1, 2, 3)) -> Future:
         datum = DomainDatum(ModelInput.from_tokens(tokens), {"target_tokens": np.array(tokens[1:] + (0,))})
         batch = ForwardBackwardInput([datum], "cross_entropy")
-        return self.service.forward_backward(OWNER, model_id, seq_id, batch)
+        return self.service.training.forward_backward(OWNER, model_id, seq_id, batch)
 
 
 def run(tmp_path: Path, scenario: Callable[[Core], Awaitable[None]], gap_timeout_s: float = 30.0) -> None:
@@ -76,9 +77,9 @@ def test_jobs_run_in_seq_id_order_whatever_order_they_arrive_in(tmp_path: Path) 
     async def scenario(core: Core) -> None:
         model = await core.new_model()
         core.backend.release.clear()  # hold the trainer while all three arrive
-        third = core.service.optim_step(OWNER, model, 3, AdamParams(learning_rate=0.5))
+        third = core.service.training.optim_step(OWNER, model, 3, AdamParams(learning_rate=0.5))
         second = core.forward_backward(model, 2)
-        first = core.service.optim_step(OWNER, model, 1, AdamParams(learning_rate=0.25))
+        first = core.service.training.optim_step(OWNER, model, 1, AdamParams(learning_rate=0.25))
         core.backend.release.set()
         for future in (first, second, third):
             assert (await core.done(future)).failure is None
@@ -92,8 +93,8 @@ def test_a_refused_submission_frees_its_seq_id_at_once(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()
         with pytest.raises(UserError, match="learning_rate"):
-            core.service.optim_step(OWNER, model, 1, AdamParams(learning_rate=-1.0))
-        core.service.reject_seq(OWNER, model, 1)  # what the route does with a refused call
+            core.service.training.optim_step(OWNER, model, 1, AdamParams(learning_rate=-1.0))
+        core.service.sequencer.reject(OWNER, model, 1)  # what the route does with a refused call
         started = time.monotonic()
         assert (await core.done(core.forward_backward(model, 2), timeout_s=5)).failure is None
         assert time.monotonic() - started < 5  # the gap timeout is 30 s
@@ -112,7 +113,7 @@ def test_a_batch_that_can_never_run_is_refused_before_it_has_a_future(
         model = await core.new_model()
         with pytest.raises(UserError, match=refusal):
             core.forward_backward(model, 1, tokens)
-        core.service.reject_seq(OWNER, model, 1)  # what the route does with a refused call
+        core.service.sequencer.reject(OWNER, model, 1)  # what the route does with a refused call
         started = time.monotonic()
         assert (await core.done(core.forward_backward(model, 2), timeout_s=5)).failure is None
         assert time.monotonic() - started < 5  # the gap timeout is 30 s
@@ -124,7 +125,7 @@ def test_a_batch_that_can_never_run_is_refused_before_it_has_a_future(
 def test_another_owner_cannot_free_a_seq_id(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()
-        core.service.reject_seq("someone-else", model, 1)
+        core.service.sequencer.reject("someone-else", model, 1)
         late = core.forward_backward(model, 2)
         assert not (await core.futures.wait(late.request_id, OWNER, 0.3)).done  # still waits for seq 1
 
@@ -168,10 +169,10 @@ def test_failures_carry_their_category(tmp_path: Path) -> None:
 def test_a_saved_state_loads_into_a_new_run(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()
-        await core.done(core.service.optim_step(OWNER, model, 1, AdamParams(learning_rate=0.75)))
-        saved = await core.done(core.service.save_weights(OWNER, model, 2, "step-1", None, False, None))
-        session = core.service.create_session(OWNER, None, [], {})
-        loaded = await core.done(core.service.load_into_new_model(OWNER, session, 0, saved.result.path, True))
+        await core.done(core.service.training.optim_step(OWNER, model, 1, AdamParams(learning_rate=0.75)))
+        saved = await core.done(core.service.checkpoints.save_weights(OWNER, model, 2, "step-1", None, False, None))
+        session = core.service.sessions.create(OWNER, None, [], {})
+        loaded = await core.done(core.service.runs.create_from_checkpoint(OWNER, session, 0, saved.result.path, True))
         assert loaded.failure is None, loaded.failure
         assert core.backend.weights[loaded.result.model_id] == pytest.approx(0.75)
 

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
+from tx.core.checkpoints.downloads import KEY_FILE, DownloadSigner, LinkScope
 from tx.core.completions import CompletionFeeds
-from tx.core.downloads import KEY_FILE, DownloadSigner, LinkScope
 from tx.core.timeline import SessionTimeline, Span, chrome_trace
 from tx.types import NotFoundError
 

@@ -1,4 +1,4 @@
-"""The engine kinds (`engines/kinds.py`) and how every launcher runs one (`engines/process.py`,
+"""The engine kinds (`engines/kinds.py`) and how every launcher runs one (`tx/inference/launch/process.py`,
 `LocalLauncher`), without starting a real engine: each test's child is a tiny process."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 from tx.inference.engines.config import EngineProcessConfig
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.kinds import EMBEDDED, ENGINE_KINDS, VLLM, engine_kind
-from tx.inference.engines.process import run_config, start_logged, stop
 from tx.inference.launch import LocalLauncher
+from tx.inference.launch.process import run_config, start_logged, stop
 
 SECRET = "kinds-test-secret"
 

@@ -18,9 +18,9 @@ import httpx
 import pytest
 from live_engine import SECRET, EmbeddedEngine
 
-from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.manager.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.manager.router import Router
 from tx.inference.protocol import SECRET_HEADER, GenerateRequest
-from tx.inference.router import Router
 
 PROMPT = [5, 17, 230, 1000, 44]
 MAX_TOKENS = 400

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tx.config import Settings
-from tx.inference.external import health_problem
+from tx.inference.manager.external import health_problem
 from tx.inference.protocol import CONTRACT_VERSION
 from tx.models.fingerprint import model_fingerprint
 from tx.models.tiny import write_tiny_text_model
@@ -87,8 +87,8 @@ def test_engine_urls_need_a_secret_and_a_scheme(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_routing_skips_down_external_engines_and_names_them_when_none_is_left() -> None:
-    from tx.inference.external import ExternalEngine
-    from tx.inference.groups import EngineSettings, build_groups
+    from tx.inference.manager.external import ExternalEngine
+    from tx.inference.manager.groups import EngineSettings, build_groups
 
     externals = [ExternalEngine(f"http://10.0.0.{i}:8001", "base", "sha256:a") for i in (2, 3)]
     (group,) = build_groups({"base": Path("/m")}, EngineSettings(count=1, count_with_external=0), externals).values()

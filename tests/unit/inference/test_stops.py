@@ -1,8 +1,13 @@
-"""Stop strings across an abort (tx.inference.stops), on a one-character-per-token decode."""
+"""Stop strings across an abort (tx.inference.engines.stops), on a one-character-per-token decode."""
 
 from __future__ import annotations
 
-from tx.inference.stops import cut_at_resumed_stop, first_stop_string_end, hits_stop_string, resumed_tail
+from tx.inference.engines.stops import (
+    cut_at_resumed_stop,
+    first_stop_string_end,
+    hits_stop_string,
+    resumed_tail,
+)
 
 
 def decode(ids: list[int]) -> str:

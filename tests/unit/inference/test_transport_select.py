@@ -14,9 +14,9 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from tx.inference import publisher as publisher_module
-from tx.inference.groups import EngineSettings, EngineSlot
-from tx.inference.publisher import Publisher
+from tx.inference.manager import publisher as publisher_module
+from tx.inference.manager.groups import EngineSettings, EngineSlot
+from tx.inference.manager.publisher import Publisher
 from tx.inference.protocol import (
     ROUTE_HEALTH,
     ROUTE_WEIGHTS_INIT,

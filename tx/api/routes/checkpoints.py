@@ -20,8 +20,8 @@ from tx.api.wire.rest_schemas import (
     Cursor,
     ExternalWeightsUrlsResponse,
 )
-from tx.core.checkpoints import CHECKPOINT_TYPE
-from tx.core.runs import CheckpointView
+from tx.core.checkpoints.files import CHECKPOINT_TYPE
+from tx.core.views import CheckpointView
 
 router = APIRouter(tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(404))
 CHECKPOINT = "/training_runs/{run_id}/checkpoints/{checkpoint_id:path}"
@@ -29,7 +29,7 @@ CHECKPOINT = "/training_runs/{run_id}/checkpoints/{checkpoint_id:path}"
 
 @router.get("/training_runs/{run_id}/checkpoints")
 async def list_checkpoints(run_id: str, ctx: Ctx, caller: Caller) -> CheckpointsListResponse:
-    views = await asyncio.to_thread(ctx.runs.checkpoints, caller.owner, run_id)
+    views = await asyncio.to_thread(ctx.views.checkpoints, caller.owner, run_id)
     return CheckpointsListResponse(checkpoints=[checkpoint_view(v) for v in views])
 
 

@@ -35,7 +35,7 @@ async def client_config(
     return ClientConfigResponse(
         proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd,
         sample_use_retrieve_futures=ctx.settings.sample_use_retrieve_futures,
-        custom_loss_server_side=ctx.service.runs_custom_losses(),
+        custom_loss_server_side=ctx.base_models.runs_custom_losses(),
     )
 
 
@@ -50,7 +50,7 @@ async def capabilities(ctx: Ctx, _: Caller) -> GetServerCapabilitiesResponse:
         SupportedModel(
             model_name=m.name, max_context_length=m.max_context_length, trainable=True, sampleable=True
         )
-        for m in ctx.service.served_models()
+        for m in ctx.base_models.served()
     ]
     return GetServerCapabilitiesResponse(supported_models=models)
 

@@ -18,7 +18,7 @@ async def create_custom_loss(body: CreateCustomLossRequest, ctx: Ctx, caller: Ca
     inputs = [(item.name, item.rank) for item in body.inputs]
     nodes = [node.model_dump() for node in body.graph.nodes]
     future = await asyncio.to_thread(
-        ctx.service.create_custom_loss, caller.owner, body.session_id, body.custom_loss_seq_id, body.name,
+        ctx.custom_losses.create, caller.owner, body.session_id, body.custom_loss_seq_id, body.name,
         inputs, nodes,
     )
     return UntypedAPIFuture(request_id=future.request_id)

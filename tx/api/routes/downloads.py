@@ -1,4 +1,4 @@
-"""Signed downloads (no API key: the link is the credential; see `tx.core.downloads`).
+"""Signed downloads (no API key: the link is the credential; see `tx.core.checkpoints.downloads`).
 
 Checkpoint files are streamed from disk with HTTP Range support (FileResponse); a session's
 trace is built when it is fetched.

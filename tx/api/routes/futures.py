@@ -54,7 +54,7 @@ async def retrieve_future(body: RetrieveFutureRequest, ctx: Ctx, caller: Caller)
 @router.post("/retrieve_futures")
 async def retrieve_futures(body: FuturesRetrieveRequest, ctx: Ctx, caller: Caller) -> FuturesRetrieveResponse:
     target = body.target
-    await asyncio.to_thread(ctx.sampling.describe, caller.owner, target.sampling_session_id)  # 404 unless owned
+    await asyncio.to_thread(ctx.samplers.describe, caller.owner, target.sampling_session_id)  # 404 unless owned
     ctx.futures.forget(body.retrieved_request_ids, caller.owner)
     timeout = ctx.settings.long_poll_s if body.timeout is None else min(body.timeout, ctx.settings.long_poll_s)
     events, cursor = await ctx.futures.feeds.poll(

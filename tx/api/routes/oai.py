@@ -1,7 +1,7 @@
 """OpenAI-compatible inference (/oai/api/v1): models, completions and chat completions, with SSE streaming.
 
 The model is a served base model or a `tinker://.../sampler_weights/...` path; the same API keys as the
-Tinker routes (as `Authorization: Bearer`), the same engines (`tx.core.text_sampling`). Streaming sends
+Tinker routes (as `Authorization: Bearer`), the same engines (`tx.core.sampling.text`). Streaming sends
 each choice's text token by token once its sample is done (the engines answer whole samples).
 """
 
@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.oai_schemas import ChatCompletionRequest, CompletionRequest
-from tx.core.text_sampling import TextChoice, TextResult
+from tx.core.sampling.text import TextChoice, TextResult
 from tx.types import SamplingParams
 
 router = APIRouter(tags=["openai"], responses=COMMON_ERRORS | error_responses(404, 429))

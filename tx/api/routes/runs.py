@@ -16,7 +16,7 @@ from tx.api.wire.rest_schemas import (
     WeightsInfoRequest,
     WeightsInfoResponse,
 )
-from tx.core.runs import RunView
+from tx.core.views import RunView
 
 router = APIRouter(tags=["runs"], responses=COMMON_ERRORS | error_responses(404, 409))
 
@@ -26,7 +26,7 @@ async def list_runs(
     ctx: Ctx, caller: Caller, limit: int = Query(20, ge=1, le=1000),
     offset: int = Query(0, ge=0, le=MAX_OFFSET),
 ) -> TrainingRunsResponse:
-    runs, total = await asyncio.to_thread(ctx.runs.list, caller.owner, limit, offset)
+    runs, total = await asyncio.to_thread(ctx.views.list, caller.owner, limit, offset)
     return TrainingRunsResponse(
         training_runs=[_run(r) for r in runs], cursor=Cursor(offset=offset, limit=limit, total_count=total)
     )
@@ -34,12 +34,12 @@ async def list_runs(
 
 @router.get("/training_runs/{run_id}")
 async def get_run(run_id: str, ctx: Ctx, caller: Caller) -> TrainingRun:
-    return _run(await asyncio.to_thread(ctx.runs.get, caller.owner, run_id))
+    return _run(await asyncio.to_thread(ctx.views.get, caller.owner, run_id))
 
 
 @router.post("/weights_info")
 async def weights_info(body: WeightsInfoRequest, ctx: Ctx, caller: Caller) -> WeightsInfoResponse:
-    run = await asyncio.to_thread(ctx.runs.weights_of, caller.owner, body.tinker_path)
+    run = await asyncio.to_thread(ctx.views.weights_of, caller.owner, body.tinker_path)
     return WeightsInfoResponse(
         base_model=run.base_model,
         is_lora=True,

@@ -26,7 +26,7 @@ async def create_sampling_session(
     body: CreateSamplingSessionRequest, ctx: Ctx, caller: Caller
 ) -> CreateSamplingSessionResponse:
     sampler_id = await asyncio.to_thread(
-        ctx.service.create_sampling_session, caller.owner, body.session_id,
+        ctx.samplers.create, caller.owner, body.session_id,
         body.sampling_session_seq_id, body.base_model, body.model_path,
     )
     return CreateSamplingSessionResponse(sampling_session_id=sampler_id)
@@ -34,7 +34,7 @@ async def create_sampling_session(
 
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, ctx: Ctx, caller: Caller) -> GetSamplerResponse:
-    view = await asyncio.to_thread(ctx.sampling.describe, caller.owner, sampler_id)
+    view = await asyncio.to_thread(ctx.samplers.describe, caller.owner, sampler_id)
     return GetSamplerResponse(sampler_id=view.sampler_id, base_model=view.base_model, model_path=view.model_path)
 
 

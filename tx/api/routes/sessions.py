@@ -34,7 +34,7 @@ router = APIRouter(tags=["sessions"], responses=COMMON_ERRORS | error_responses(
 @router.post("/create_session")
 async def create_session(body: CreateSessionRequest, ctx: Ctx, caller: Caller) -> CreateSessionResponse:
     session_id = await asyncio.to_thread(
-        ctx.service.create_session, caller.owner, body.sdk_version, body.tags, body.user_metadata or {},
+        ctx.sessions.create, caller.owner, body.sdk_version, body.tags, body.user_metadata or {},
         body.project_id, body.display_name,
     )
     return CreateSessionResponse(session_id=session_id)
@@ -42,13 +42,13 @@ async def create_session(body: CreateSessionRequest, ctx: Ctx, caller: Caller) -
 
 @router.post("/session_heartbeat")
 async def heartbeat(body: SessionHeartbeatRequest, ctx: Ctx, caller: Caller) -> SessionHeartbeatResponse:
-    await asyncio.to_thread(ctx.service.heartbeat, caller.owner, body.session_id)
+    await asyncio.to_thread(ctx.sessions.heartbeat, caller.owner, body.session_id)
     return SessionHeartbeatResponse()
 
 
 @router.post("/sessions/{session_id}/finish")
 async def finish(session_id: str, body: SessionFinishRequest, ctx: Ctx, caller: Caller) -> dict:
-    await asyncio.to_thread(ctx.service.finish_session, caller.owner, session_id, body.reason.type)
+    await asyncio.to_thread(ctx.sessions.finish, caller.owner, session_id, body.reason.type)
     return {"status": "finished"}
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
+from tx.api.sequencing import require_seq, uses_seq
 from tx.api.wire.codec import (
     PROTOBUF_CONTENT_TYPE,
     forward_backward_input_from_proto,
@@ -33,7 +32,7 @@ from tx.api.wire.schemas import (
     UntypedAPIFuture,
 )
 from tx.core.futures import Future
-from tx.types import ConflictError, NotFoundError, UserError, model_id_for
+from tx.types import UserError, model_id_for
 
 router = APIRouter(tags=["training"], responses=COMMON_ERRORS | error_responses(404, 409))
 
@@ -42,23 +41,12 @@ def _answer(future: Future, model_id: str | None) -> UntypedAPIFuture:
     return UntypedAPIFuture(request_id=future.request_id, model_id=model_id)
 
 
-@contextlib.asynccontextmanager
-async def _uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIterator[None]:
-    """A sequenced request refused at submission still used its seq_id (the SDK never resends it):
-    on a 4xx the model's queue moves past it, so the next call does not wait out the gap timeout."""
-    try:
-        yield
-    except (UserError, NotFoundError, ConflictError):
-        await asyncio.to_thread(ctx.service.reject_seq, owner, model_id, seq_id)
-        raise
-
-
 @router.post("/create_model")
 async def create_model(body: CreateModelRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     check_optimizer_config(body.optimizer_config)
     lora = lora_config_to_domain(body.lora_config)
     future = await asyncio.to_thread(
-        ctx.service.create_model, caller.owner, body.session_id, body.model_seq_id, body.base_model,
+        ctx.runs.create, caller.owner, body.session_id, body.model_seq_id, body.base_model,
         lora, body.user_metadata,
     )
     return _answer(future, model_id_for(body.session_id, body.model_seq_id))
@@ -66,7 +54,7 @@ async def create_model(body: CreateModelRequest, ctx: Ctx, caller: Caller) -> Un
 
 @router.post("/get_info")
 async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoResponse:
-    info = await asyncio.to_thread(ctx.runs.model_info, caller.owner, body.model_id)
+    info = await asyncio.to_thread(ctx.views.model_info, caller.owner, body.model_id)
     run = info.run
     return GetInfoResponse(
         model_id=run.run_id,
@@ -90,10 +78,10 @@ async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> Untype
         parse_forward_backward_request, body, request.headers.get("content-encoding"),
         zstd_enabled=ctx.settings.proto_compress_fwdbwd,
     )
-    async with _uses_seq(ctx, caller.owner, msg.model_id, msg.seq_id):
+    async with uses_seq(ctx, caller.owner, msg.model_id, msg.seq_id):
         batch = await asyncio.to_thread(forward_backward_input_from_proto, msg)
         future = await asyncio.to_thread(
-            ctx.service.forward_backward, caller.owner, msg.model_id, msg.seq_id, batch
+            ctx.training.forward_backward, caller.owner, msg.model_id, msg.seq_id, batch
         )
     return _answer(future, msg.model_id)
 
@@ -110,21 +98,21 @@ async def _read_body(request: Request) -> bytes:
 
 @router.post("/optim_step")
 async def optim_step(body: OptimStepRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    seq_id = _seq(body.seq_id)
-    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+    seq_id = require_seq(body.seq_id)
+    async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
         adam = optim_step_params_to_domain(body)
-        future = await asyncio.to_thread(ctx.service.optim_step, caller.owner, body.model_id, seq_id, adam)
+        future = await asyncio.to_thread(ctx.training.optim_step, caller.owner, body.model_id, seq_id, adam)
     return _answer(future, body.model_id)
 
 
 @router.post("/save_weights")
 async def save_weights(body: SaveWeightsRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    seq_id = _seq(body.seq_id)
-    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+    seq_id = require_seq(body.seq_id)
+    async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
         if not body.path:
             raise UserError("save_weights needs a checkpoint name in 'path'")
         future = await asyncio.to_thread(
-            ctx.service.save_weights, caller.owner, body.model_id, seq_id, body.path,
+            ctx.checkpoints.save_weights, caller.owner, body.model_id, seq_id, body.path,
             body.ttl_seconds, body.overwrite, body.user_metadata,
         )
     return _answer(future, body.model_id)
@@ -134,10 +122,10 @@ async def save_weights(body: SaveWeightsRequest, ctx: Ctx, caller: Caller) -> Un
 async def save_weights_for_sampler(
     body: SaveWeightsForSamplerRequest, ctx: Ctx, caller: Caller
 ) -> UntypedAPIFuture:
-    seq_id = _seq(body.seq_id)
-    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+    seq_id = require_seq(body.seq_id)
+    async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
         future = await asyncio.to_thread(
-            ctx.service.save_weights_for_sampler, caller.owner, body.model_id, seq_id, body.path,
+            ctx.checkpoints.save_weights_for_sampler, caller.owner, body.model_id, seq_id, body.path,
             body.sampling_session_seq_id, body.ttl_seconds, body.user_metadata,
         )
     return _answer(future, body.model_id)
@@ -146,7 +134,7 @@ async def save_weights_for_sampler(
 @router.post("/save_weights_external")
 async def save_weights_external(body: SaveWeightsExternalRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     future = await asyncio.to_thread(
-        ctx.service.save_weights_external, caller.owner, body.model_id, _seq(body.seq_id), body.path,
+        ctx.checkpoints.save_weights_external, caller.owner, body.model_id, require_seq(body.seq_id), body.path,
         body.ttl_seconds, body.age_encryption_recipients,
     )
     return _answer(future, body.model_id)
@@ -159,30 +147,14 @@ async def load_weights(body: LoadWeightsRequest, ctx: Ctx, caller: Caller) -> Un
         if body.optimizer_config is not None:
             check_optimizer_config(body.optimizer_config)
         future = await asyncio.to_thread(
-            ctx.service.load_into_new_model, caller.owner, body.session_id, body.model_seq_id,
+            ctx.runs.create_from_checkpoint, caller.owner, body.session_id, body.model_seq_id,
             body.path, body.optimizer,
         )
         return _answer(future, model_id_for(body.session_id, body.model_seq_id))
     assert body.model_id is not None  # LoadWeightsRequest checked it: one of the two forms
-    seq_id = _seq(body.seq_id)
-    async with _uses_seq(ctx, caller.owner, body.model_id, seq_id):
+    seq_id = require_seq(body.seq_id)
+    async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
         future = await asyncio.to_thread(
-            ctx.service.load_state, caller.owner, body.model_id, seq_id, body.path, body.optimizer
+            ctx.training.load_state, caller.owner, body.model_id, seq_id, body.path, body.optimizer
         )
     return _answer(future, body.model_id)
-
-
-async def reject_seq_of_invalid_body(request: Request, body: object) -> None:
-    """A sequenced JSON request (it names model_id and seq_id) refused as invalid (422) used its seq_id too."""
-    if not (isinstance(body, dict) and isinstance(body.get("model_id"), str)):
-        return
-    seq_id = body.get("seq_id")
-    if isinstance(seq_id, int) and not isinstance(seq_id, bool) and seq_id >= 1:
-        owner = request.app.state.key_checker(request).owner
-        await asyncio.to_thread(request.app.state.ctx.service.reject_seq, owner, body["model_id"], seq_id)
-
-
-def _seq(seq_id: int | None) -> int:
-    if seq_id is None:
-        raise UserError("this request needs a seq_id (>= 1)")
-    return seq_id

@@ -6,10 +6,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
-TrainDtype = Literal["float32", "bfloat16", "float16"]
-ShardBase = Literal["auto", "always", "never"]
+from tx.config import Dtype, ShardBase
 
 # Tokens per micro-batch on CPU (the JAX backend uses it too). scripts/bench/train_memory.py at Qwen3's
 # vocabulary (151,936), 32 x 2,048 tokens in micro-batches of 8,192: hidden 256 peaked 870 MiB above
@@ -22,7 +20,7 @@ class TrainerSettings:
     micro_batch_tokens: int | None = None
     """Tokens per micro-batch (a longer single sequence runs alone). None: CPU_MICRO_BATCH_TOKENS on CPU,
     derived from free memory and the model's size on CUDA."""
-    dtype: TrainDtype | None = None
+    dtype: Dtype | None = None
     """Base weights' dtype. None: bfloat16 on CUDA, float32 on CPU. LoRA weights, AdamW state, logprobs and
     losses are float32 whatever this is."""
     gradient_checkpointing: bool | None = None
@@ -43,12 +41,3 @@ class TrainerSettings:
                 cuda if self.gradient_checkpointing is None else self.gradient_checkpointing
             ),
         )
-
-
-def default_train_dtype(device: str) -> TrainDtype:
-    """The trainer's default dtype for a `--device` value, without importing torch unless it is "auto"."""
-    if device == "auto":
-        import torch
-
-        return "bfloat16" if torch.cuda.is_available() else "float32"
-    return "bfloat16" if device.startswith("cuda") else "float32"

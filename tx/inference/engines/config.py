@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal, Self
+from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 CONFIG_ENV = "TX_ENGINE_CONFIG"
 CONFIG_FILE_ENV = "TX_ENGINE_CONFIG_FILE"
 
-EngineDtype = Literal["float32", "bfloat16", "float16"]  # base weights' dtype; LoRA and logprobs: float32
 
 
 class EngineProcessConfig(BaseModel):
@@ -65,6 +64,6 @@ def read_ready_file(path: Path) -> str | None:
 
 
 __all__ = [
-    "CONFIG_ENV", "CONFIG_FILE_ENV", "EngineDtype", "EngineProcessConfig", "read_ready_file",
+    "CONFIG_ENV", "CONFIG_FILE_ENV", "EngineProcessConfig", "read_ready_file",
     "write_ready_file",
 ]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any
 
-import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
@@ -26,21 +25,6 @@ class UpstreamError(RuntimeError):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
         self.status = status
-
-
-def error_detail(response: httpx.Response) -> str:
-    """The message of an engine's (or vLLM's) error response: `{"detail": ...}`, OpenAI's
-    `{"error": {"message": ...}}`, or the raw text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text
-    if isinstance(body, dict):
-        error = body.get("error", body.get("detail", body))
-        if isinstance(error, dict):
-            return str(error.get("message", error))
-        return str(error)
-    return str(body)
 
 
 def secret_guard(secret: str) -> list[Any]:

@@ -1,9 +1,9 @@
 """What an engine kind is: one `EngineKind` record per kind, the only place that lists them.
 
 Every kind serves the same contract (`tx/inference/protocol.py`) through the same app (`engines/app.py`,
-`engine_app(backend)`), is run the same way (`engines/process.py`: `python -m <module>` with its config as
-JSON in the environment, in a session of its own, ready once it wrote its ready file) and is started by the
-same launchers (`tx/inference/launch.py` locally, `tx/inference/ray/` on a Ray cluster). What differs is here:
+`engine_app(backend)`), is run the same way (`tx/inference/launch/process.py`: `python -m <module>` with its
+config as JSON in the environment, in a session of its own, ready once it wrote its ready file) and is started
+by the same launchers (`tx/inference/launch/`: local processes, or Ray actors). What differs is here:
 
 | kind       | config (`.config`)     | module (`.module`; its `__main__` builds the backend) | backend behind the app |
 |------------|------------------------|-------------------------------------------------------|------------------------|
@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import get_args
 
+from tx.config import EngineKindName
 from tx.inference.engines.config import EngineProcessConfig
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.vllm import require_vllm
 from tx.inference.engines.vllm.config import VllmEngineConfig
-
-EngineKindName = Literal["embedded", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -67,4 +66,4 @@ def engine_kind(name: str) -> EngineKind:
         raise ValueError(f"unknown engine kind {name!r}: {' or '.join(ENGINE_KINDS)}") from None
 
 
-__all__ = ["EMBEDDED", "ENGINE_KINDS", "VLLM", "EngineKind", "EngineKindName", "engine_kind"]
+__all__ = ["EMBEDDED", "ENGINE_KINDS", "VLLM", "EngineKind", "engine_kind"]

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from tx.inference.engines.config import EngineDtype, EngineProcessConfig
+    from tx.config import Dtype, EngineKindName
+    from tx.inference.engines.config import EngineProcessConfig
     from tx.inference.engines.embedded.config import EmbeddedEngineConfig
-    from tx.inference.engines.kinds import EngineKindName
     from tx.inference.engines.vllm.config import VllmEngineConfig
 
 SECRET_ENV = "TX_ENGINE_SECRET"
@@ -41,7 +41,7 @@ class StandaloneEngine:
     ready_file: Path | None = None
     max_adapters: int = 8
     device: str = "auto"  # embedded only
-    dtype: EngineDtype = "float32"
+    dtype: Dtype = "float32"
     tensor_parallel_size: int = 1  # vLLM only
     max_model_len: int | None = None  # vLLM only
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from tx.backends.torch.workers.group import ERROR_GRACE_S, WorkerDied, blocked_after_error
 from tx.backends.torch.workers.messages import Reply, Request, WorkerSpec
-from tx.inference.ray import import_ray
+from tx.ray import import_ray
 
 logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 600.0

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from pydantic import Field
 
+from tx.config import Dtype
 from tx.inference.engines.config import (
     CONFIG_ENV,
     CONFIG_FILE_ENV,
-    EngineDtype,
     EngineProcessConfig,
     read_ready_file,
     write_ready_file,
@@ -30,7 +30,7 @@ class EmbeddedEngineConfig(EngineProcessConfig):
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads; default: all")
     stash_dir: Path | None = Field(default=None, description="where level-1 sleep stashes weights (private)")
     device: str = Field(default="auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
-    dtype: EngineDtype = Field(
+    dtype: Dtype = Field(
         default="float32", description="base weights' (tx serve: the trainer's); LoRA and logprobs: float32"
     )
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
+from tx.inference.engines.stops import hits_stop_string, resumed_tail
 from tx.inference.protocol import GeneratedSequence, GenerateRequest, StopReasonName
-from tx.inference.stops import hits_stop_string, resumed_tail
 
 
 @dataclass
@@ -35,7 +35,7 @@ class Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     stop_reason: StopReasonName | None = None
-    stop_tail: list[int] = field(default_factory=list)  # earlier tokens of a resumed sample (tx.inference.stops)
+    stop_tail: list[int] = field(default_factory=list)  # earlier tokens of a resumed sample (tx.inference.engines.stops)
 
     @classmethod
     def create(cls, request: GenerateRequest, sample_index: int, eos_ids: Sequence[int]) -> Row:

@@ -22,9 +22,10 @@ from typing import Any
 
 import httpx
 
-from tx.inference.engines.http import UpstreamError, error_detail
+from tx.inference.engines.http import UpstreamError
 from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
 from tx.inference.engines.vllm.images import is_multimodal
+from tx.inference.protocol import error_detail
 
 logger = logging.getLogger(__name__)
 

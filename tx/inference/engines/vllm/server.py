@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from tx.inference import protocol as p
+from tx.inference.engines.stops import cut_at_resumed_stop
 from tx.inference.engines.vllm.batch import BatchGate
 from tx.inference.engines.vllm.child import VllmChild, VllmError, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
@@ -48,9 +49,8 @@ from tx.inference.engines.vllm.translate import (
     tokens_body,
     wants_prompt_logprobs,
 )
-from tx.inference.stops import cut_at_resumed_stop
-from tx.models.fingerprint import model_fingerprint
 from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
+from tx.models.fingerprint import model_fingerprint
 from tx.types import ConflictError, NotFoundError, UserError
 
 BASE_MODEL_NAME = "tx-base"  # vLLM's name for the base model (requests name an adapter or this)

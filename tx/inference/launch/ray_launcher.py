@@ -24,37 +24,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tx.inference.engines.kinds import EngineKindName, engine_kind
-from tx.inference.engines.process import STARTUP_GRACE_S
-from tx.inference.ray import import_ray
-from tx.inference.ray.actor import EngineActor
-from tx.inference.ray.placement import ActorPlacement, PlacementSpec
+from tx.config import EngineKindName
+from tx.inference.engines.kinds import engine_kind
+from tx.inference.launch.process import STARTUP_GRACE_S
+from tx.inference.launch.ray_actor import EngineActor
+from tx.ray import connect, import_ray
+from tx.ray.placement import ActorPlacement, PlacementSpec
 
 ray = import_ray()
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 logger = logging.getLogger(__name__)
-
-
-def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus: int | None = None,
-            object_store_memory: int | None = None, namespace: str = "tx") -> None:
-    """Join the Ray cluster at `address` ("auto", "ray://...", "host:port"), or start a local one.
-
-    A local Ray takes `num_cpus`, `num_gpus` (logical: a machine without GPUs may declare some, which
-    is how the placement logic is tested on CPU) and `object_store_memory` (bytes; Ray's default is
-    30% of RAM). No-op if this process is already connected.
-    """
-    if ray.is_initialized():
-        return
-    if address is not None:
-        local = {"num_cpus": num_cpus, "num_gpus": num_gpus, "object_store_memory": object_store_memory}
-        if any(v is not None for v in local.values()):
-            raise ValueError("num_cpus, num_gpus and object_store_memory are for a local Ray, not an address")
-        ray.init(address=address, namespace=namespace, log_to_driver=False)
-        return
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, object_store_memory=object_store_memory,
-             namespace=namespace, include_dashboard=False, log_to_driver=False)
 
 
 @functools.cache

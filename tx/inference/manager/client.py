@@ -15,15 +15,15 @@ from typing import Any
 
 import httpx
 
-from tx.inference.engines.http import error_detail
+from tx.inference.manager.router import Router
 from tx.inference.protocol import (
     ROUTE_GENERATE,
     SECRET_HEADER,
     GeneratedSequence,
     GenerateRequest,
     GenerateResponse,
+    error_detail,
 )
-from tx.inference.router import Router
 
 MAX_ABORT_ROUNDS = 64
 

@@ -23,8 +23,9 @@ from collections.abc import AsyncIterator
 
 import torch
 
-from tx.inference.client import InferenceClient
-from tx.inference.groups import EngineSettings, EngineSlot
+from tx.inference.manager.client import InferenceClient
+from tx.inference.manager.groups import EngineSettings, EngineSlot
+from tx.inference.manager.versions import NamedTensors, WeightVersion
 from tx.inference.protocol import (
     ROUTE_ADAPTER,
     ROUTE_HEALTH,
@@ -50,7 +51,6 @@ from tx.inference.weight_sync import (
     plan_update,
     trainer_facts,
 )
-from tx.inference.versions import NamedTensors, WeightVersion
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 Rules:
 - A checkpoint belongs to the key that saved it. Only that key lists, deletes, publishes or
   changes the TTL of it; any other key gets 404, as if it did not exist.
-- A published checkpoint can also be loaded and sampled by any key (see `TrainingService`), and
-  by nobody else before it is published or after it is unpublished.
+- A published checkpoint can also be loaded and sampled by any key (`readable`), and by nobody else
+  before it is published or after it is unpublished.
 - An expired checkpoint is gone at once from every list and read; the sweeper
   (`delete_expired`) then removes its row and frees its files.
 - Deleting removes the row first, then the files, so a failed delete never leaves a listed
@@ -16,10 +16,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from tx.core.checkpoints import CheckpointFiles, TinkerPath, validate_ttl
-from tx.core.downloads import DownloadSigner, LinkScope
-from tx.core.runs import CheckpointView
+from tx.core.checkpoints.downloads import DownloadSigner, LinkScope
+from tx.core.checkpoints.files import CheckpointFiles, TinkerPath, validate_ttl
+from tx.core.views import CheckpointView
 from tx.store.store import Store
+from tx.store.tables import TrainingRunRow
 from tx.types import NotFoundError, UserError
 
 
@@ -28,6 +29,14 @@ class CheckpointCatalog:
         self.store = store
         self.files = files
         self.signer = signer
+
+    def readable(self, owner: str, path: str, kinds: tuple[str, ...]) -> tuple[TinkerPath, TrainingRunRow]:
+        """A checkpoint the caller may load or sample (its own, or a published one), and its run."""
+        parsed = TinkerPath.parse(path)
+        if parsed.kind not in kinds:
+            raise UserError(f"{path} is a {parsed.kind} checkpoint; this call needs one of {kinds}")
+        row = self.store.get_checkpoint(parsed.run_id, parsed.checkpoint_id, owner, public_ok=True)
+        return parsed, self.store.get_run(parsed.run_id, row.owner)
 
     def list_for_user(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointView], int]:
         rows, total = self.store.list_user_checkpoints(owner, limit, offset)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tx.core.sampling import SamplingService
-from tx.core.service import TrainingService
+from tx.core.sampling.samplers import Samplers
+from tx.core.sampling.service import SamplingService
 from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, UserError
 
 
@@ -36,8 +36,8 @@ class TextResult:
 
 
 class TextSampling:
-    def __init__(self, service: TrainingService, sampling: SamplingService, model_dirs: dict[str, Path]) -> None:
-        self._service = service
+    def __init__(self, samplers: Samplers, sampling: SamplingService, model_dirs: dict[str, Path]) -> None:
+        self._samplers = samplers
         self._sampling = sampling
         self._model_dirs = model_dirs
         self._tokenizers: dict[str, Any] = {}
@@ -47,7 +47,7 @@ class TextSampling:
 
     async def complete(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
                        n: int) -> TextResult:
-        base_model, weights_dir = await asyncio.to_thread(self._service.sampling_target, owner, model)
+        base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
         tokens = prompt if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=False)
         if any(not 0 <= token < len(tokenizer) for token in tokens):
@@ -56,7 +56,7 @@ class TextSampling:
 
     async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
                    n: int) -> TextResult:
-        base_model, weights_dir = await asyncio.to_thread(self._service.sampling_target, owner, model)
+        base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")

@@ -25,16 +25,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
-from tx.inference.external import ExternalEngine
-from tx.inference.groups import EngineGroup, EngineSettings, EngineSlot, GroupState, build_groups
 from tx.inference.launch import EngineHandle, Launcher
-from tx.inference.lifecycle import Lifecycle
+from tx.inference.manager.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.manager.external import ExternalEngine
+from tx.inference.manager.groups import EngineGroup, EngineSettings, EngineSlot, GroupState, build_groups
+from tx.inference.manager.lifecycle import Lifecycle
+from tx.inference.manager.publisher import Publisher
+from tx.inference.manager.report import describe_groups
+from tx.inference.manager.supervisor import Supervisor
+from tx.inference.manager.versions import VersionStore, WeightVersion, lora_spec, snapshot
 from tx.inference.protocol import GenerateRequest
-from tx.inference.publisher import Publisher
-from tx.inference.report import describe_groups
-from tx.inference.supervisor import Supervisor
-from tx.inference.versions import VersionStore, WeightVersion, lora_spec, snapshot
 from tx.multimodal import ExpandedInput
 from tx.types import SampleKey, SampleRequest, SampleResult, UserError
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tx.inference.client import InferenceClient
-from tx.inference.external import ExternalEngines
-from tx.inference.groups import EngineGroup, EngineSlot
 from tx.inference.launch import EngineHandle, Launcher
+from tx.inference.manager.client import InferenceClient
+from tx.inference.manager.external_watch import ExternalEngines
+from tx.inference.manager.groups import EngineGroup, EngineSlot
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tx.inference.external import ExternalEngine, ExternalHandle
 from tx.inference.launch import EngineHandle
-from tx.inference.router import Router
+from tx.inference.manager.external import ExternalEngine, ExternalHandle
+from tx.inference.manager.router import Router
 from tx.inference.weight_sync import BroadcastSender, TransportChoice
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tx.inference.client import EngineRequestError, EngineUnavailable, InferenceClient
-from tx.inference.external import ExternalHandle
-from tx.inference.groups import EngineGroup, EngineSlot
+from tx.inference.manager.client import EngineRequestError, EngineUnavailable, InferenceClient
+from tx.inference.manager.external import ExternalHandle
+from tx.inference.manager.groups import EngineGroup, EngineSlot
 from tx.inference.protocol import ROUTE_HEALTH
 
 

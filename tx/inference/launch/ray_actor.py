@@ -1,7 +1,7 @@
 """The Ray actor that owns one engine process (embedded or vLLM) on its node.
 
 The actor spawns an engine of the kind the launcher chose (`engines/kinds.py`) as its child, through
-`engines/process.py` as the local launcher does, with its run directory as working directory, and reports
+`launch/process.py` as the local launcher does, with its run directory as working directory, and reports
 the URL the engine wrote to its ready file. The child inherits what Ray set for the actor
 (CUDA_VISIBLE_DEVICES from the bundle) plus the placement's extra environment.
 
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from tx.inference.engines.kinds import engine_kind
-from tx.inference.engines.process import STARTUP_GRACE_S, run_config, start_logged, stop
+from tx.inference.launch.process import STARTUP_GRACE_S, run_config, start_logged, stop
 
 
 class EngineActor:

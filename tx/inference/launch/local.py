@@ -1,9 +1,7 @@
-"""Where engines run: the `Launcher` seam, and local subprocesses (the default).
+"""`LocalLauncher`: engines as child processes of this one (the default `Launcher`, `launch/base.py`).
 
-A launcher starts one engine (any engine serving `tx/inference/protocol.py`) for a model directory
-and hands back an `EngineHandle`: a URL the manager talks to, and whether it is still alive. `LocalLauncher`
-starts engines of one kind (`engines/kinds.py`: embedded or vLLM) as child processes of this one;
-`tx.inference.ray.launcher.RayLauncher` starts them as Ray actors. Both run them through `engines/process.py`.
+It starts engines of one kind (`engines/kinds.py`: embedded or vLLM); `launch/ray_launcher.py` starts them as
+Ray actors instead. Both run them through `launch/process.py`.
 """
 
 from __future__ import annotations
@@ -14,33 +12,13 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tx.inference.engines.kinds import EngineKind, engine_kind
-from tx.inference.engines.process import STARTUP_GRACE_S, run_config, start_logged, stop
+from tx.inference.launch.base import EngineHandle, Launcher  # noqa: F401 (the seam LocalLauncher implements)
+from tx.inference.launch.process import STARTUP_GRACE_S, run_config, start_logged, stop
 
 logger = logging.getLogger(__name__)
-
-
-class EngineHandle(Protocol):
-    name: str
-    url: str
-
-    @property
-    def alive(self) -> bool: ...
-
-    @property
-    def pid(self) -> int | None: ...
-
-
-class Launcher(Protocol):
-    secret: str
-
-    async def start(self, name: str, model_dir: Path) -> EngineHandle: ...
-
-    async def stop(self, engine: EngineHandle) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 @dataclass

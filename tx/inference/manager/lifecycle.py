@@ -25,9 +25,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Literal
 
-from tx.inference.groups import EngineGroup, EngineSettings, GroupState
+from tx.inference.manager.groups import EngineGroup, EngineSettings, GroupState
+from tx.inference.manager.supervisor import Supervisor
 from tx.inference.protocol import ROUTE_SLEEP, ROUTE_WAKE_UP, SleepRequest, WakeUpRequest
-from tx.inference.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 

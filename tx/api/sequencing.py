@@ -1,0 +1,43 @@
+"""The sequencing rules at the HTTP edge: a sequenced request (it names a model and a seq_id) that is refused
+used its seq_id all the same, so the model's queue moves past it at once instead of waiting out the gap
+timeout (the SDK never resends a seq_id). The queue itself is `tx/core/scheduler.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from tx.api.deps import Ctx
+from tx.types import ConflictError, NotFoundError, UserError
+
+
+@contextlib.asynccontextmanager
+async def uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIterator[None]:
+    """A sequenced request refused at submission still used its seq_id (the SDK never resends it):
+    on a 4xx the model's queue moves past it, so the next call does not wait out the gap timeout."""
+    try:
+        yield
+    except (UserError, NotFoundError, ConflictError):
+        await asyncio.to_thread(ctx.sequencer.reject, owner, model_id, seq_id)
+        raise
+
+
+async def reject_seq_of_invalid_body(request: Request, body: object) -> None:
+    """A sequenced JSON request (it names model_id and seq_id) refused as invalid (422) used its seq_id too."""
+    if not (isinstance(body, dict) and isinstance(body.get("model_id"), str)):
+        return
+    seq_id = body.get("seq_id")
+    if isinstance(seq_id, int) and not isinstance(seq_id, bool) and seq_id >= 1:
+        owner = request.app.state.key_checker(request).owner
+        await asyncio.to_thread(request.app.state.ctx.sequencer.reject, owner, body["model_id"], seq_id)
+
+
+def require_seq(seq_id: int | None) -> int:
+    """The seq_id a sequenced request must carry; a UserError (400) without one."""
+    if seq_id is None:
+        raise UserError("this request needs a seq_id (>= 1)")
+    return seq_id

@@ -1,0 +1,59 @@
+"""The sequencing rules of one run's calls: each sequenced call (forward_backward, optim_step, saves,
+load_state) names a `seq_id`, and runs on the training thread in `seq_id` order (`scheduler.py`).
+
+- A call is checked here, before a future exists: the run must be the caller's and loaded on this server,
+  `seq_id >= 1`, and `check` (the batch rules) must pass. A refused call raises a 4xx error.
+- A refused call used its `seq_id` all the same (`reject`): the queue moves past it at once.
+- A resent `(model, seq_id)` answers with the original future.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from tx.core.futures import Future, FutureRegistry
+from tx.core.scheduler import Job, Scheduler
+from tx.store.store import Store
+from tx.types import NotFoundError, UserError
+
+Lease = Callable[[], AbstractContextManager[Any]]  # held around a training pass (the engines' colocation)
+
+
+class Sequencer:
+    def __init__(self, store: Store, futures: FutureRegistry, scheduler: Scheduler) -> None:
+        self.store = store
+        self.futures = futures
+        self.scheduler = scheduler
+
+    def submit(self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
+               lease: Lease | None = None, check: Callable[[], None] | None = None) -> Future:
+        """Queue `fn` as `model_id`'s call `seq_id`. `check` raises (a UserError) for work that can never run:
+        it is refused here, before a future exists, and the route counts its seq_id as used."""
+        run = self.store.get_run(model_id, owner)
+        if seq_id < 1:
+            raise UserError(f"seq_id must be >= 1, got {seq_id}")
+        if not self.scheduler.has_model(model_id):
+            raise UserError(
+                f"model {model_id!r} is not loaded on this server (it may have been restarted); "
+                "create a training client from one of its checkpoints"
+            )
+        if check is not None:
+            check()
+        future, created = self.futures.create(
+            owner, kind, ("seq", model_id, seq_id), session_id=run.session_id, track=model_id
+        )
+        if not created:
+            return future
+        self.store.touch_run(model_id)
+        self.scheduler.submit(model_id, seq_id, Job(future, fn, lease))
+        return future
+
+    def reject(self, owner: str, model_id: str, seq_id: int) -> None:
+        """A sequenced request of `owner` was refused at submission: its seq_id counts as done."""
+        try:
+            self.store.get_run(model_id, owner)
+        except NotFoundError:
+            return  # not the caller's run: it may not move another tenant's queue
+        self.scheduler.reject(model_id, seq_id)

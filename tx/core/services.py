@@ -1,0 +1,58 @@
+"""The training side's use cases, wired together over one store, backend, futures and scheduler (the API's
+lifespan and the in-process tests build them the same way; `tx/api/app.py` adds sampling and engines)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tx.backends.base import TrainingBackend
+from tx.core.base_models import BaseModels
+from tx.core.checkpoints.catalog import CheckpointCatalog
+from tx.core.checkpoints.downloads import DownloadSigner
+from tx.core.checkpoints.files import CheckpointFiles
+from tx.core.checkpoints.writer import CheckpointWriter, SamplerEngines
+from tx.core.custom_losses import CustomLosses
+from tx.core.futures import FutureRegistry
+from tx.core.runs import RunService
+from tx.core.sampling.samplers import Samplers
+from tx.core.scheduler import Scheduler
+from tx.core.sequencing import Lease, Sequencer
+from tx.core.sessions import SessionService
+from tx.core.training import TrainingCalls
+from tx.store.store import Store
+
+
+@dataclass
+class Services:
+    sessions: SessionService
+    runs: RunService
+    training: TrainingCalls
+    sequencer: Sequencer
+    checkpoints: CheckpointWriter
+    catalog: CheckpointCatalog
+    samplers: Samplers
+    base_models: BaseModels
+    custom_losses: CustomLosses
+
+
+def build_services(store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
+                   files: CheckpointFiles, signer: DownloadSigner, *, engines: SamplerEngines | None = None,
+                   training_lease: Lease | None = None, versions_kept: int = 8) -> Services:
+    """`engines`: where sampler saves go (the engine manager; None: nowhere). `training_lease`: held around
+    each training pass (the manager's, which puts colocated engines to sleep)."""
+    base_models = BaseModels(backend)
+    catalog = CheckpointCatalog(store, files, signer)
+    custom_losses = CustomLosses(store, futures, backend)
+    runs = RunService(store, backend, futures, scheduler, catalog, base_models)
+    sequencer = Sequencer(store, futures, scheduler)
+    return Services(
+        sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs]),
+        runs=runs,
+        training=TrainingCalls(sequencer, backend, custom_losses, catalog, training_lease),
+        sequencer=sequencer,
+        checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept),
+        catalog=catalog,
+        samplers=Samplers(store, catalog, base_models, engines),
+        base_models=base_models,
+        custom_losses=custom_losses,
+    )
