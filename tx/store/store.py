@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from sqlalchemy import create_engine, delete, func, inspect, or_, select, text
+from sqlalchemy import create_engine, delete, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from tx.store.migrate import upgrade_to_head
 from tx.store.tables import (
-    Base,
     CheckpointRow,
     SamplingSessionRow,
     SessionRow,
@@ -39,20 +39,6 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def add_missing_columns(engine: Engine) -> None:
-    """Add columns that newer tables declare to tables an older tx created (nullable, no backfill)."""
-    existing = inspect(engine)
-    with engine.begin() as conn:
-        for table in Base.metadata.sorted_tables:
-            if not existing.has_table(table.name):
-                continue
-            have = {c["name"] for c in existing.get_columns(table.name)}
-            for column in table.columns:
-                if column.name not in have:
-                    kind = column.type.compile(engine.dialect)
-                    conn.execute(text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
-
-
 def _live(now: datetime):
     """Checkpoints that have not expired (the sweeper may not have deleted an expired one yet)."""
     return or_(CheckpointRow.expires_at.is_(None), CheckpointRow.expires_at > now)
@@ -70,8 +56,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        Base.metadata.create_all(engine)
-        add_missing_columns(engine)
+        upgrade_to_head(engine)  # the schema is the migrations' (tx/store/migrate.py)
 
     @classmethod
     def from_url(cls, url: str) -> Store:

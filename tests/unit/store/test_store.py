@@ -65,10 +65,11 @@ def test_runs_are_owned_and_listed(store: Store) -> None:
 
 
 def test_checkpoints_overwrite_delete_and_expire(store: Store) -> None:
-    run_id = _run(store, _session(store))
+    owner = uuid.uuid4().hex  # its own owner: a PostgreSQL database outlives one run of the tests
+    run_id = _run(store, _session(store, owner), owner)
     now = datetime.now(timezone.utc)
     row = lambda name, expires=None: CheckpointRow(  # noqa: E731
-        run_id=run_id, checkpoint_id=f"weights/{name}", kind="weights", owner="alice", size_bytes=10,
+        run_id=run_id, checkpoint_id=f"weights/{name}", kind="weights", owner=owner, size_bytes=10,
         created_at=now, expires_at=expires,
     )
     store.add_checkpoint(row("a"), overwrite=False)
@@ -76,15 +77,15 @@ def test_checkpoints_overwrite_delete_and_expire(store: Store) -> None:
         store.add_checkpoint(row("a"), overwrite=False)
     store.add_checkpoint(row("a"), overwrite=True)
     store.add_checkpoint(row("old", now - timedelta(seconds=5)), overwrite=False)
-    assert [c.checkpoint_id for c in store.expired_checkpoints(now)] == ["weights/old"]
+    assert [c.checkpoint_id for c in store.expired_checkpoints(now) if c.run_id == run_id] == ["weights/old"]
     # an expired checkpoint is gone from lists and reads before the sweeper deletes it
-    assert [c.checkpoint_id for c in store.list_checkpoints(run_id, "alice")] == ["weights/a"]
-    assert store.list_user_checkpoints("alice", 10, 0)[1] == 1
+    assert [c.checkpoint_id for c in store.list_checkpoints(run_id, owner)] == ["weights/a"]
+    assert store.list_user_checkpoints(owner, 10, 0)[1] == 1
     with pytest.raises(NotFoundError):
-        store.get_checkpoint(run_id, "weights/old", "alice")
-    store.delete_checkpoint(run_id, "weights/a", "alice")
+        store.get_checkpoint(run_id, "weights/old", owner)
+    store.delete_checkpoint(run_id, "weights/a", owner)
     with pytest.raises(NotFoundError):
-        store.get_checkpoint(run_id, "weights/a", "alice")
+        store.get_checkpoint(run_id, "weights/a", owner)
 
 
 def test_latest_checkpoints_of_many_runs_in_one_query(store: Store) -> None:
