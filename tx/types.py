@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, TypeGuard, Union, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard, Union, get_args
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
 
 
 class UserError(ValueError):
@@ -250,13 +253,48 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class PlacedImage:
+    """One image of an expanded input: its pixels, its encoded bytes and the placeholder span it fills."""
+
+    image: Image
+    data: bytes
+    format: ImageFormat
+    offset: int
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class ExpandedInput:
+    """A model input as the model sees it: token ids with image placeholders, and the images filling them."""
+
+    token_ids: list[int]
+    images: tuple[PlacedImage, ...] = ()
+
+    def image_mask(self) -> list[int]:
+        """`mm_token_type_ids`: 1 at image placeholder positions, 0 at text."""
+        mask = [0] * len(self.token_ids)
+        for placed in self.images:
+            mask[placed.offset : placed.offset + placed.num_tokens] = [1] * placed.num_tokens
+        return mask
+
+
+@dataclass(frozen=True)
 class SampleRequest:
+    """One sample call, from the API's edge to the engine client's (one object all the way; `tx/api/wire` and
+    `tx/inference/manager/client.py` convert it at the two edges). `expanded` is the prompt as the model sees
+    it, set by the core once its images are fetched and expanded; None for a text-only prompt."""
+
     prompt: ModelInput
     num_samples: int
     params: SamplingParams
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     prompt_logprobs_last_n: int | None = None
+    expanded: ExpandedInput | None = None
+
+    def model_input(self) -> ExpandedInput:
+        """The prompt's token ids (with image placeholders) and images, as the engines take them."""
+        return self.expanded if self.expanded is not None else ExpandedInput(self.prompt.text_tokens())
 
 
 @dataclass(frozen=True)

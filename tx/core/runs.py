@@ -3,6 +3,7 @@ session ends. A run is a model on the training thread; its calls are `training.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -34,20 +35,13 @@ class RunService:
         lora.validate()
         self.base_models.info(base_model)
         model_id = model_id_for(session_id, model_seq_id)
-        future, created = self.futures.create(
-            owner, "CreateModel", ("model", model_id), session_id=session_id, track=model_id
-        )
-        if not created:
-            return future
 
         def run() -> ModelCreated:
             self.backend.create_model(model_id, base_model, lora)
             self._record(model_id, session_id, owner, base_model, lora, user_metadata)
             return ModelCreated(model_id)
 
-        self.scheduler.add_model(model_id)
-        self.scheduler.submit_unsequenced(Job(future, run))
-        return future
+        return self._start(owner, session_id, model_id, "CreateModel", run)
 
     def create_from_checkpoint(self, owner: str, session_id: str, model_seq_id: int, path: str,
                                with_optimizer: bool) -> Future:
@@ -55,11 +49,6 @@ class RunService:
         live_session(self.store, session_id, owner)
         source, source_run = self.catalog.readable(owner, path, kinds=("weights",))
         model_id = model_id_for(session_id, model_seq_id)
-        future, created = self.futures.create(
-            owner, "LoadWeights", ("model", model_id), session_id=session_id, track=model_id
-        )
-        if not created:
-            return future
 
         def run() -> WeightsLoaded:
             directory = self.catalog.files.require(source)
@@ -69,8 +58,15 @@ class RunService:
             self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata)
             return WeightsLoaded(path=str(source), model_id=model_id)
 
-        self.scheduler.add_model(model_id)
-        self.scheduler.submit_unsequenced(Job(future, run))
+        return self._start(owner, session_id, model_id, "LoadWeights", run)
+
+    def _start(self, owner: str, session_id: str, model_id: str, kind: str, run: Callable[[], Any]) -> Future:
+        """The future of the call that makes run `model_id` (a resend gets the same one), its job queued."""
+        future, created = self.futures.create(owner, kind, ("model", model_id), session_id=session_id,
+                                              track=model_id)
+        if created:
+            self.scheduler.add_model(model_id)
+            self.scheduler.submit_unsequenced(Job(future, run))
         return future
 
     def forget_session(self, owner: str, session_id: str) -> None:

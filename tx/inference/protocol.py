@@ -1,38 +1,7 @@
-"""The HTTP contract every inference engine serves (the embedded engine and tx's vLLM engine).
-
-Design / who owns what:
-- The manager (and its client) talk to engines only through these routes and models; an engine is
-  interchangeable as long as it serves them.
-- Every route except `GET /health` requires the header `X-TX-Cluster-Secret` (401 otherwise).
-- Bad requests answer 4xx with a JSON body `{"detail": ...}`: 400 bad input (token id outside the vocabulary,
-  stop strings without a tokenizer, too long), 404 unknown adapter, 409 wrong state (weights asleep, no
-  transfer group, too many adapters), 422 schema errors (n < 1, unknown field).
-- Generate returns RAW logprobs: log_softmax of the unprocessed fp32 logits at the sampled tokens, the same
-  numbers the trainer computes for those tokens (temperature, top-k and top-p only shape the sampling).
-- Stop tokens (stop ids, EOS) and the token that completes a stop string are part of the returned tokens.
-- Pause modes: `abort` ends in-flight requests now (stop reason `abort`, partial tokens and logprobs);
-  `wait` lets them finish; `keep` freezes them until resume. Requests arriving during a pause (or while the
-  engine sleeps) are queued until resume (wake), never rejected.
-- Sleep level 1 keeps the weights off the accelerator (on CPU: in a private temp file) and wake restores them,
-  adapters included; level 2 drops every weight (adapters too) and wake reloads the base from the model dir,
-  so the manager must push its current weights again after a level-2 wake.
-- Images: a prompt with images carries its token ids with the image placeholder tokens already spliced in (as
-  many as the model's processor makes of each image), plus `images`: each image's encoded bytes (base64 in
-  JSON, never pickled) and the placeholder span it fills. The embedded engine runs the model's image processor
-  on them. The vLLM engine sends them to vLLM's token-in/token-out `/inference/v1/generate` as data URLs,
-  each span collapsed to one placeholder that vLLM expands again, and checks vLLM's expansion against the
-  spans (`engines/vllm/images.py`).
-- Weight transfer: `POST /weights/init` joins a collective group in the background and returns at once;
-  `POST /weights/update` returns when every tensor was received and applied; `POST /weights/finish` labels the
-  version and may remove old adapters. Nothing is pickled; tensors travel over the collective only.
-  An engine that shares the trainer's GPU and lists "ipc" in `weight_transports` also takes
-  `POST /weights/update_ipc`: the same push as CUDA IPC handles (JSON), answered once all is applied.
-- `GET /health` also says where the engine runs (device, GPU UUID, hostname) and which weight transports it
-  takes; the manager picks gloo, NCCL or CUDA IPC from that (`weight_sync/transport.py`).
-- `GET /health` reports `contract_version` (this module's `CONTRACT_VERSION`; an engine that reports none is
-  older than version 1) and `model_fingerprint` (`tx.models.fingerprint`), so that tx can check an engine it
-  did not start (`tx serve --engine-url`) before it trusts it. Bump `CONTRACT_VERSION` on any change an older
-  engine would not understand.
+"""The HTTP contract every inference engine serves (the embedded engine and tx's vLLM engine): its routes and
+their request and answer models. What each route means, its errors, the raw logprobs, pause modes, sleep
+levels, images and the weight transfer are written down in docs/engine-contract.md; bump `CONTRACT_VERSION`
+on any change an older engine would not understand.
 """
 
 from __future__ import annotations
@@ -56,8 +25,6 @@ from tx.types import (
 
 if TYPE_CHECKING:
     import httpx
-
-    from tx.multimodal import ExpandedInput
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
 CONTRACT_VERSION = 1  # reported in /health; tx refuses an external engine that reports another
@@ -142,20 +109,18 @@ class GenerateRequest(_Wire):
     adapter: str | None = Field(default=None, description="a loaded adapter's name; null = the base model")
 
     @classmethod
-    def from_sample_request(
-        cls, request: SampleRequest, adapter: str | None = None, prompt: ExpandedInput | None = None
-    ) -> GenerateRequest:
-        """The engine request for a domain `SampleRequest`. A prompt with images must come `prompt`-expanded
-        (`tx.multimodal.expand_input`); without it, the prompt must be text only."""
+    def from_sample_request(cls, request: SampleRequest, adapter: str | None = None) -> GenerateRequest:
+        """The engine request for a domain `SampleRequest` (the engine client's edge). A prompt with images
+        must have been expanded (`SampleRequest.expanded`); without that, it must be text only."""
         params = request.params
-        token_ids = prompt.token_ids if prompt is not None else request.prompt.text_tokens()
+        prompt = request.model_input()
         images = [
             PromptImage(data=base64.b64encode(p.data).decode("ascii"), format=p.format, offset=p.offset,
                         num_tokens=p.num_tokens)
-            for p in (prompt.images if prompt is not None else ())
+            for p in prompt.images
         ]
         return cls(
-            prompt_token_ids=token_ids,
+            prompt_token_ids=prompt.token_ids,
             images=images,
             n=request.num_samples,
             max_tokens=params.max_tokens,
@@ -193,7 +158,7 @@ class GenerateResponse(_Wire):
         import numpy as np
 
         if any(seq.stop_reason == "abort" for seq in self.sequences):
-            raise ValueError("a sequence was aborted; resend it (see docs/engines.md §2)")
+            raise ValueError("a sequence was aborted; resend it (tx/inference/manager/resume.py)")
         sequences = [
             SampledSequence(s.token_ids, s.logprobs, StopReason(s.stop_reason)) for s in self.sequences
         ]

@@ -18,39 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tx.multimodal.images import ImageLimits, decode_image
-from tx.types import ImageAssetPointer, ImageChunk, ImageFormat, ModelInput, TextChunk, UserError
+from tx.types import ExpandedInput, ImageAssetPointer, ImageChunk, ModelInput, PlacedImage, TextChunk, UserError
 
 if TYPE_CHECKING:
     import torch
     from PIL.Image import Image
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
-
-
-@dataclass(frozen=True)
-class PlacedImage:
-    """One image of an expanded input: its pixels, its encoded bytes and the placeholder span it fills."""
-
-    image: Image
-    data: bytes
-    format: ImageFormat
-    offset: int
-    num_tokens: int
-
-
-@dataclass(frozen=True)
-class ExpandedInput:
-    """A model input as the model sees it: token ids with image placeholders, and the images filling them."""
-
-    token_ids: list[int]
-    images: tuple[PlacedImage, ...] = ()
-
-    def image_mask(self) -> list[int]:
-        """`mm_token_type_ids`: 1 at image placeholder positions, 0 at text."""
-        mask = [0] * len(self.token_ids)
-        for placed in self.images:
-            mask[placed.offset : placed.offset + placed.num_tokens] = [1] * placed.num_tokens
-        return mask
 
 
 class VisionProcessor:

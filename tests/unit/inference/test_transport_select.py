@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections import OrderedDict
 
 import pytest
 import torch
@@ -314,6 +313,12 @@ SPEC = LoraSpec(r=2, lora_alpha=4, target_modules=["layer"])
 
 
 def run_push(monkeypatch, trainer: TrainerFacts, url: str, health: dict, routes: Routes | None = None):
+    """One push through a real Publisher; what the engine then holds, the client, and where tensors went."""
+    publisher, slot, client, moved = push(monkeypatch, trainer, url, health, routes)
+    return publisher.held(slot), client, moved
+
+
+def push(monkeypatch, trainer: TrainerFacts, url: str, health: dict, routes: Routes | None = None):
     """One push through a manager whose trainer has the facts `trainer`; returns (slot, client, moved)."""
     FakeBroadcastSender.made.clear()
     FakeIpcSender.made.clear()
@@ -331,9 +336,9 @@ def run_push(monkeypatch, trainer: TrainerFacts, url: str, health: dict, routes:
     monkeypatch.setattr(publisher_module, "_send", fake_send)
     client = FakeClient(url, health)
     publisher = Publisher(EngineSettings(trainer_device=trainer.device), client)
-    slot = EngineSlot("e-0", adapters=OrderedDict())
+    slot = EngineSlot("e-0")
     asyncio.run(publisher.push(slot, "v-1", NAMED, SPEC))
-    return slot, client, moved
+    return publisher, slot, client, moved
 
 
 def health_of(**facts) -> dict:
@@ -391,10 +396,10 @@ def test_manager_sends_to_a_colocated_engine_without_ipc_over_gloo(monkeypatch):
 
 
 def test_manager_asks_again_after_an_engine_restart(monkeypatch):
-    slot, client, _ = run_push(monkeypatch, TrainerFacts(device="cpu"), LOCAL_URL, health_of())
-    assert slot.transport is not None and slot.sender is not None
-    slot.reset()
-    assert slot.transport is None and slot.sender is None
+    publisher, slot, _, _ = push(monkeypatch, TrainerFacts(device="cpu"), LOCAL_URL, health_of())
+    assert publisher.held(slot).transport is not None and publisher.held(slot).sender is not None
+    publisher.forget(slot)  # what the supervisor tells it when the engine's process is replaced
+    assert publisher.held(slot).transport is None and publisher.held(slot).sender is None
 
 
 def test_ipc_request_needs_adapter_and_lora_together():

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from tx.core.completions import CLONE_BLOCK
 from tx.core.futures import Future, FutureRegistry
 from tx.inference.manager import EngineManager
-from tx.multimodal import ExpandedInput, ImageInputs, expand_input
+from tx.multimodal import ImageInputs, expand_input
 from tx.store.store import Store
 from tx.types import ErrorCategory, OverloadedError, SampleKey, SampleRequest, SampleResult
 
@@ -71,11 +72,11 @@ class SamplingService:
         if weights_dir is not None:  # one pin per path, moved to its newest version at every call
             await asyncio.to_thread(self.manager.pin, sampler_id, weights_dir, label)
         return await self._sample(base_model, weights_dir, SampleKey(sampler_id, next(self._direct_calls)),
-                                  request, None)
+                                  request)
 
-    async def _sample(self, base_model: str, weights_dir: Path | None, key: SampleKey, request: SampleRequest,
-                      prompt: ExpandedInput | None) -> SampleResult:
-        result = await self.manager.sample(base_model, weights_dir, key, request, prompt)
+    async def _sample(self, base_model: str, weights_dir: Path | None, key: SampleKey,
+                      request: SampleRequest) -> SampleResult:
+        result = await self.manager.sample(base_model, weights_dir, key, request)
         self.sampled_tokens += sum(len(seq.tokens) for seq in result.sequences)
         return result
 
@@ -84,16 +85,18 @@ class SamplingService:
         if not self.futures.start(future):  # cancelled before it began
             return
         try:
-            prompt = None
-            if request.prompt.has_images:  # fetch asset pointers, check caps (blocking I/O: off the loop)
-                request = await asyncio.to_thread(self.images.prepare_request, request)
-                # image chunks -> the processor's placeholder tokens; a bad image fails before engines start
-                prompt = await asyncio.to_thread(
-                    expand_input, self.manager.model_dir(base_model), request.prompt, model_name=base_model
-                )
-            result = await self._sample(base_model, weights_dir, call, request, prompt)
+            if request.prompt.has_images:  # blocking I/O and decoding: off the loop
+                request = await asyncio.to_thread(self._expanded, base_model, request)
+            result = await self._sample(base_model, weights_dir, call, request)
         except Exception as exc:  # noqa: BLE001 - the future carries every failure
             if self.futures.fail_with(future, exc) is ErrorCategory.SERVER:
                 logger.exception("sample %s failed", future.request_id)
         else:
             self.futures.resolve(future, result)
+
+    def _expanded(self, base_model: str, request: SampleRequest) -> SampleRequest:
+        """`request` with its asset pointers fetched and caps checked, and its image chunks expanded into the
+        processor's placeholder tokens: a bad image fails here, before any engine starts."""
+        request = self.images.prepare_request(request)
+        expanded = expand_input(self.manager.model_dir(base_model), request.prompt, model_name=base_model)
+        return replace(request, expanded=expanded)

@@ -1,31 +1,24 @@
 """InferenceClient: engine URLs plus the cluster secret; picklable, usable from any process.
 
-Data plane: `generate` goes to one engine chosen by the router from `X-Session-ID`, and a request
-that a pause aborted is resent with the tokens generated so far until it completes, so the caller
-always receives one whole answer. Control plane: `fan_out` sends one call to every engine with a
-timeout and reports which engines failed.
+Data plane: `sample` (the domain's request in, its result out: the engine client's edge) and `generate` (the
+contract's request) go to the engine the caller names (the manager picks it, sticky per sampler; the
+session key travels as `X-Session-ID`); a request that a pause aborted is resent until it completes
+(`resume.py`), so the caller always receives one whole answer. Control plane: `fan_out` sends one call to
+every engine with a timeout and reports which engines failed.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from tx.inference.manager.router import Router
-from tx.inference.protocol import (
-    ROUTE_GENERATE,
-    SECRET_HEADER,
-    GeneratedSequence,
-    GenerateRequest,
-    GenerateResponse,
-    error_detail,
-)
+from tx.inference.manager.resume import StillAborted, Wait, complete
+from tx.inference.protocol import ROUTE_GENERATE, SECRET_HEADER, GenerateRequest, GenerateResponse, error_detail
+from tx.types import SampleRequest, SampleResult
 
-MAX_ABORT_ROUNDS = 64
 
 
 class EngineUnavailable(RuntimeError):
@@ -56,10 +49,6 @@ class InferenceClient:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state)
-
-    @property
-    def router(self) -> Router:
-        return Router(sorted(self.engines))
 
     def _client(self) -> httpx.AsyncClient:
         if self._http is None:
@@ -108,61 +97,24 @@ class InferenceClient:
         return dict(zip(names, results))
 
     async def generate(self, engine: str, session_key: str, request: GenerateRequest,
-                       on_abort: Callable[[], Awaitable[None]] | None = None) -> GenerateResponse:
-        """Generate on `engine`, resending aborted sequences until each one is complete. `on_abort` runs once
-        before the resends of each round (e.g. to wait until the engine may run again)."""
+                       on_abort: Wait | None = None) -> GenerateResponse:
+        """Generate on `engine`; sequences a pause aborted are resent until each one is complete (the policy:
+        `resume.py`). `on_abort` runs before each round of resends (to wait until the engine may run again)."""
         headers = {"X-Session-ID": session_key}
-        first = GenerateResponse.model_validate(
-            await self.post(engine, ROUTE_GENERATE, request.model_dump(), headers=headers)
-        )
-        resume = _Resume(on_abort)
-        sequences = await asyncio.gather(*(
-            self._complete(engine, headers, request, index, seq, resume) if seq.stop_reason == "abort"
-            else _done(seq)
-            for index, seq in enumerate(first.sequences)
-        ))
-        return first.model_copy(update={"sequences": list(sequences)})
 
-    async def _complete(self, engine: str, headers: dict[str, str], request: GenerateRequest, index: int,
-                        partial: GeneratedSequence, resume: _Resume) -> GeneratedSequence:
-        """Resend sample `index` with its tokens so far until it ends. A seeded resend after k tokens uses
-        `seed + index + k * n`: a seed of its own (sample j of the request uses seed + j, and two samples
-        aborted after the same k must not share a random stream), and the same one for the same abort."""
-        tokens, logprobs = list(partial.token_ids), list(partial.logprobs)
-        for _ in range(MAX_ABORT_ROUNDS):
-            await resume()
-            remaining = request.max_tokens - len(tokens)
-            if remaining <= 0:
-                return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason="length")
-            resend = request.model_copy(update={
-                "prompt_token_ids": request.prompt_token_ids + tokens, "n": 1, "max_tokens": remaining,
-                "prompt_logprobs": False, "topk_prompt_logprobs": 0, "prompt_logprobs_last_n": None,
-                "seed": None if request.seed is None else request.seed + index + len(tokens) * request.n,
-                "resumed_tokens": request.resumed_tokens + len(tokens),
-            })
-            answer = GenerateResponse.model_validate(
-                await self.post(engine, ROUTE_GENERATE, resend.model_dump(), headers=headers)
-            )
-            piece = answer.sequences[0]
-            tokens += piece.token_ids
-            logprobs += piece.logprobs
-            if piece.stop_reason != "abort":
-                return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason=piece.stop_reason)
-        raise EngineRequestError(engine, 503, f"request still aborted after {MAX_ABORT_ROUNDS} resends")
+        async def send(body: GenerateRequest) -> GenerateResponse:
+            return GenerateResponse.model_validate(
+                await self.post(engine, ROUTE_GENERATE, body.model_dump(), headers=headers))
 
+        try:
+            return await complete(send, request, await send(request), on_abort)
+        except StillAborted as exc:
+            raise EngineRequestError(engine, 503, str(exc)) from exc
 
-class _Resume:
-    """`on_abort` for the aborted sequences of one request, one at a time (the first caller does the waiting)."""
-
-    def __init__(self, on_abort: Callable[[], Awaitable[None]] | None) -> None:
-        self.on_abort = on_abort
-        self.lock = asyncio.Lock()
-
-    async def __call__(self) -> None:
-        if self.on_abort is not None:
-            async with self.lock:
-                await self.on_abort()
-
-
-async def _done(sequence: GeneratedSequence) -> GeneratedSequence:
-    return sequence
+    async def sample(self, engine: str, session_key: str, request: SampleRequest, adapter: str | None,
+                     on_abort: Wait | None = None) -> SampleResult:
+        """The domain's sample on `engine` (with `adapter`, or the base model): this client is its edge, where
+        the request becomes the engine contract's and the answer the domain's result."""
+        answer = await self.generate(engine, session_key, GenerateRequest.from_sample_request(request, adapter),
+                                     on_abort)
+        return answer.to_sample_result()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httpx
@@ -27,8 +28,9 @@ class ExternalEngines:
     """Down, probe, rejoin: the supervision of external engines (tx never starts or stops them)."""
 
     def __init__(self, client: InferenceClient, probe_interval_s: float, control_timeout_s: float,
-                 max_adapters: int = 1) -> None:
+                 forget: Callable[[EngineSlot], None], max_adapters: int = 1) -> None:
         self.client = client
+        self._forget = forget  # the publisher's: the engine holds nothing tx pushed
         self.max_adapters = max_adapters
         self.probe_interval_s = probe_interval_s
         self.control_timeout_s = control_timeout_s
@@ -72,7 +74,7 @@ class ExternalEngines:
                 await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=name), self.control_timeout_s)
         except EngineRequestError as exc:
             raise EngineUnavailable(slot.name, f"could not unload old weight versions: {exc}") from exc
-        slot.reset()
+        self._forget(slot)
         handle.joined = True
 
     def mark_down(self, slot: EngineSlot, reason: str) -> None:
@@ -97,7 +99,7 @@ class ExternalEngines:
                 break
             handle.problem = problem
         async with slot.lock:
-            slot.reset()  # a new engine as far as tx knows: its transfer group and versions are gone
+            self._forget(slot)  # a new engine as far as tx knows: its transfer group and versions are gone
             handle.up, handle.joined, handle.problem = True, False, None
             handle.rejoins += 1
         logger.info("external engine %s (%s) is fit again and rejoins", slot.name, handle.url)

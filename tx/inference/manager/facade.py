@@ -4,14 +4,18 @@ supervision, each in its own module:
 - `groups.py`: the data (settings, one group of engine slots per served base model);
 - `lifecycle.py`: group states (absent/starting/awake/asleep) and the lease that keeps engines awake in use;
 - `versions.py`: weight versions (a counter, a new number at every sampler save) and the clients pinned to them;
-- `publisher.py`: weight versions pushed into engines over the chosen transport, adapter eviction;
-- `supervisor.py`: engine processes started, restarted when they fail, stopped;
+- `publisher.py`: weight versions pushed into engines over the chosen transport, adapter eviction; the one owner
+  of what each engine process holds;
+- `supervisor.py`: engine processes started, restarted when they fail, stopped; external engines' liveness
+  (`external_watch.py`; their startup checks: `external.py`);
+- `client.py`: the engines' HTTP client, the edge where a domain `SampleRequest` becomes the contract's;
+  `resume.py`: the abort/resume policy; `router.py`: sticky routing;
 - `report.py`: what operators see.
 
 Here: a sample is routed to one engine (sticky on the sampling session), its weights are made ready there, and
 a request that met a dead engine is retried once on the restarted one, then failed with a server error. A
 request that met an external engine that stopped answering is retried on another engine of the group (that one
-is marked down and probed, `external.py`), and fails with a server error when none is left.
+is marked down and probed, `external_watch.py`), and fails with a server error when none is left.
 Runs on the server's event loop; `training_pass` and `save_sampler` are the entry points for the training
 thread, `pin` for request threads.
 """
@@ -34,8 +38,6 @@ from tx.inference.manager.publisher import Publisher
 from tx.inference.manager.report import describe_groups
 from tx.inference.manager.supervisor import Supervisor
 from tx.inference.manager.versions import VersionStore, WeightVersion, lora_spec, snapshot
-from tx.inference.protocol import GenerateRequest
-from tx.multimodal import ExpandedInput
 from tx.types import SampleKey, SampleRequest, SampleResult, UserError
 
 logger = logging.getLogger(__name__)
@@ -64,10 +66,10 @@ class EngineManager:
             for slot in group.slots.values():
                 if (handle := slot.external_handle) is not None:
                     self.client.engines[slot.name] = handle.url
-        self.supervisor = Supervisor(launcher, self.client, settings.control_timeout_s, settings.probe_interval_s,
-                                     settings.max_adapters)
-        self.lifecycle = Lifecycle(settings, self.supervisor)
         self.publisher = Publisher(settings, self.client)
+        self.supervisor = Supervisor(launcher, self.client, settings.control_timeout_s, self.publisher.forget,
+                                     settings.probe_interval_s, settings.max_adapters)
+        self.lifecycle = Lifecycle(settings, self.supervisor, self.publisher)
         self.versions = VersionStore(settings.versions_kept)
         self.in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -75,7 +77,7 @@ class EngineManager:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         external = [slot for group in self.groups.values() for slot in group.slots.values() if slot.external]
-        self.supervisor.external.watch(loop, external)
+        self.supervisor.watch_external(loop, external)
 
     def model_dir(self, base_model: str) -> Path:
         return self.groups[base_model].model_dir
@@ -85,12 +87,12 @@ class EngineManager:
         return [s.process for g in self.groups.values() for s in g.managed() if s.process is not None]
 
     async def describe(self) -> list[dict[str, Any]]:
-        return await describe_groups(list(self.groups.values()), self.client)
+        return await describe_groups(list(self.groups.values()), self.client, self.publisher)
 
     # -- sampling ---------------------------------------------------------------------------
     async def sample(self, base_model: str, weights_dir: Path | None, key: SampleKey,
-                     request: SampleRequest, prompt: ExpandedInput | None = None) -> SampleResult:
-        """`prompt`: the request's prompt with its images expanded (None for a text-only prompt)."""
+                     request: SampleRequest) -> SampleResult:
+        """`request`'s prompt must be expanded already if it holds images (`SampleRequest.expanded`)."""
         group = self.groups[base_model]
         self.in_flight += 1
         try:
@@ -98,12 +100,12 @@ class EngineManager:
             if weights_dir is not None:
                 version = await asyncio.to_thread(self.versions.pinned, key.sampler_id, weights_dir)
             async with self.lifecycle.use(group):
-                return await self._sample_once_or_twice(group, version, key, request, prompt)
+                return await self._sample_once_or_twice(group, version, key, request)
         finally:
             self.in_flight -= 1
 
     async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, key: SampleKey,
-                                    request: SampleRequest, prompt: ExpandedInput | None) -> SampleResult:
+                                    request: SampleRequest) -> SampleResult:
         self.supervisor.restart_dead_in_background(group)
         failed: set[str] = set()  # external engines that failed this request
         restarted = False
@@ -114,16 +116,12 @@ class EngineManager:
             try:
                 await self.supervisor.ensure_running(group, slot)
                 async with self.publisher.holding(slot, version) as adapter:
-                    generate = GenerateRequest.from_sample_request(request, adapter, prompt)
-                    answer = await self.client.generate(
-                        slot.name, str(key), generate,
-                        on_abort=lambda: self.lifecycle.resume_after_training(group),
-                    )
-                return answer.to_sample_result()
+                    return await self.client.sample(slot.name, str(key), request, adapter,
+                                                    on_abort=lambda: self.lifecycle.resume_after_training(group))
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed during a sample: %s", slot.name, exc)
                 if slot.external:
-                    self.supervisor.external.mark_down(slot, str(exc))
+                    self.supervisor.mark_down(slot, str(exc))
                     failed.add(slot_key)
                     continue
                 if restarted:
@@ -164,7 +162,7 @@ class EngineManager:
         except EngineUnavailable as exc:
             if not slot.external:
                 raise
-            self.supervisor.external.mark_down(slot, str(exc))  # the others get the version; it, on rejoin
+            self.supervisor.mark_down(slot, str(exc))  # the others get the version; it, on rejoin
 
     # -- training ---------------------------------------------------------------------------
     @contextlib.contextmanager

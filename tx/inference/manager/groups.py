@@ -1,16 +1,16 @@
 """The engine manager's data: settings, one group of engines per served base model, one slot per engine.
 
 A slot is a stable place for one engine (its name survives restarts, so routing stays sticky); the process in
-it changes when the engine is restarted. Everything that is per engine process (the weight transport, the
-collective group, the adapters it holds) is reset with it. An external engine (`tx serve --engine-url`) has a
-slot too, holding an `ExternalHandle` for good: tx never starts or stops it (`external.py`).
+it changes when the engine is restarted (the supervisor owns `process`). What the engine process holds (the
+weight transport, the collective group, the adapters loaded) is the publisher's (`publisher.py`), which
+forgets it when the process is replaced. An external engine (`tx serve --engine-url`) has a slot too, holding
+an `ExternalHandle` for good: tx never starts or stops it (`external.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -19,7 +19,6 @@ from pathlib import Path
 from tx.inference.launch import EngineHandle
 from tx.inference.manager.external import ExternalEngine, ExternalHandle
 from tx.inference.manager.router import Router
-from tx.inference.weight_sync import BroadcastSender, TransportChoice
 
 
 class GroupState(enum.Enum):
@@ -47,16 +46,8 @@ class EngineSettings:
 @dataclass
 class EngineSlot:
     name: str
-    process: EngineHandle | None = None
-    transport: TransportChoice | None = None  # chosen on the first push to this engine process
-    sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
-    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # loaded, least recently used first
-    in_use: Counter[str] = field(default_factory=Counter)  # adapter -> requests generating with it now
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    freed: asyncio.Condition = field(init=False)  # on `lock`: an adapter stopped being in use
-
-    def __post_init__(self) -> None:
-        self.freed = asyncio.Condition(self.lock)
+    process: EngineHandle | None = None  # written by the supervisor only
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held to start the process or load weights into it
 
     @property
     def alive(self) -> bool:
@@ -70,11 +61,6 @@ class EngineSlot:
     def external_handle(self) -> ExternalHandle | None:
         """The external engine in this slot; None for a managed one."""
         return self.process if isinstance(self.process, ExternalHandle) else None
-
-    def reset(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
-        self.sender, self.transport, self.adapters = None, None, OrderedDict()
 
 
 @dataclass

@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 from tx.inference.manager.groups import EngineGroup, EngineSettings, GroupState
+from tx.inference.manager.publisher import Publisher
 from tx.inference.manager.supervisor import Supervisor
 from tx.inference.protocol import ROUTE_SLEEP, ROUTE_WAKE_UP, SleepRequest, WakeUpRequest
 
@@ -33,9 +34,10 @@ logger = logging.getLogger(__name__)
 
 
 class Lifecycle:
-    def __init__(self, settings: EngineSettings, supervisor: Supervisor) -> None:
+    def __init__(self, settings: EngineSettings, supervisor: Supervisor, publisher: Publisher) -> None:
         self.settings = settings
         self.supervisor = supervisor
+        self.publisher = publisher
 
     @contextlib.asynccontextmanager
     async def use(self, group: EngineGroup) -> AsyncIterator[None]:
@@ -91,7 +93,7 @@ class Lifecycle:
             await self.supervisor.control(group, ROUTE_SLEEP, SleepRequest(level=level, mode=mode).model_dump())
             if level == 2:
                 for slot in group.managed():
-                    slot.adapters.clear()
+                    self.publisher.forget_adapters(slot)
             group.state = GroupState.ASLEEP
 
     async def give_back(self, group: EngineGroup) -> None:

@@ -1,6 +1,10 @@
 """The publisher: weight versions into engines, over the transport each engine takes, with eviction.
 
 Design / who owns what:
+- The publisher is the one owner of what each engine process holds (`EngineWeights`: its transport, its
+  collective group, the adapters loaded and the requests using each). Others read it (`held`);
+  the supervisor tells it when a process is replaced (`forget`), the lifecycle when a level-2 sleep dropped the
+  adapters (`forget_adapters`).
 - A weight version (`versions.py`) is a LoRA adapter named `v<number>`. An engine loads a version on first use
   (pushed from the trainer's tensors, never read back from disk) and keeps the most recent `max_adapters`.
 - An adapter a request is generating with (`holding`) is never unloaded: eviction takes the least recently used
@@ -19,7 +23,9 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,13 +60,46 @@ from tx.inference.weight_sync import (
 
 logger = logging.getLogger(__name__)
 
+
+@dataclass
+class EngineWeights:
+    """What one engine (its slot) holds, as the publisher knows it. `forget` resets the first three with the
+    process; the requests in use and their condition belong to the slot and outlive a restart."""
+
+    freed: asyncio.Condition  # on the slot's lock: an adapter stopped being in use
+    transport: TransportChoice | None = None  # chosen on the first push to this engine process
+    sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
+    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # loaded, least recently used first
+    in_use: Counter[str] = field(default_factory=Counter)  # adapter -> requests generating with it now
+
+
 class Publisher:
     def __init__(self, settings: EngineSettings, client: InferenceClient) -> None:
         self.settings = settings
         self.client = client
         self._trainer: TrainerFacts | None = None
+        self._engines: dict[str, EngineWeights] = {}  # slot name -> what its process holds
         self.pushed_bytes = 0  # weight bytes sent to engines, and the seconds the pushes took (for /metrics)
         self.push_seconds = 0.0
+
+    def held(self, slot: EngineSlot) -> EngineWeights:
+        """What the slot's engine holds (to read: only the publisher writes it)."""
+        held = self._engines.get(slot.name)
+        if held is None:
+            held = self._engines[slot.name] = EngineWeights(freed=asyncio.Condition(slot.lock))
+        return held
+
+    def forget(self, slot: EngineSlot) -> None:
+        """The slot's process is new (started, restarted, or an external engine that rejoined): it holds no
+        adapter, and its transport and collective group are to be chosen again."""
+        held = self.held(slot)
+        if held.sender is not None:
+            held.sender.close()
+        held.sender, held.transport, held.adapters = None, None, OrderedDict()
+
+    def forget_adapters(self, slot: EngineSlot) -> None:
+        """The engine dropped every adapter (a level-2 sleep); its transfer group stays."""
+        self.held(slot).adapters.clear()
 
     @contextlib.asynccontextmanager
     async def holding(self, slot: EngineSlot, version: WeightVersion | None) -> AsyncIterator[str | None]:
@@ -70,51 +109,53 @@ class Publisher:
             yield name
         finally:
             if name is not None:
-                async with slot.freed:
-                    slot.in_use[name] -= 1
-                    if slot.in_use[name] <= 0:
-                        del slot.in_use[name]
-                    slot.freed.notify_all()
+                held = self.held(slot)
+                async with held.freed:
+                    held.in_use[name] -= 1
+                    if held.in_use[name] <= 0:
+                        del held.in_use[name]
+                    held.freed.notify_all()
 
     async def ensure_adapter(self, slot: EngineSlot, version: WeightVersion | None, hold: bool = False) -> str | None:
         """The adapter serving `version` on this engine, pushed there first if it is not loaded (and counted in
         use if `hold`: the caller then releases it as `holding` does)."""
         if version is None:
             return None
-        name = version.adapter
+        name, held = version.adapter, self.held(slot)
         async with slot.lock:
-            if name not in slot.adapters:
-                await self._load(slot, version)
-            slot.adapters.move_to_end(name)
+            if name not in held.adapters:
+                await self._load(slot, held, version)
+            held.adapters.move_to_end(name)
             if hold:
-                slot.in_use[name] += 1
+                held.in_use[name] += 1
             return name
 
-    async def _load(self, slot: EngineSlot, version: WeightVersion) -> None:
+    async def _load(self, slot: EngineSlot, held: EngineWeights, version: WeightVersion) -> None:
         """Push `version` into the engine, unloading idle adapters to make room. Call with `slot.lock` held."""
-        while len(slot.adapters) >= self.settings.max_adapters:
-            idle = next((a for a in slot.adapters if not slot.in_use[a]), None)
+        while len(held.adapters) >= self.settings.max_adapters:
+            idle = next((a for a in held.adapters if not held.in_use[a]), None)
             if idle is None:  # every loaded adapter is generating: wait for one to finish
-                await slot.freed.wait()
-                if version.adapter in slot.adapters:
+                await held.freed.wait()
+                if version.adapter in held.adapters:
                     return
                 continue
-            del slot.adapters[idle]
+            del held.adapters[idle]
             await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=idle), self.settings.control_timeout_s)
         name = version.adapter
         await self.push(slot, name, version.named, version.spec)
         await self.client.post(slot.name, ROUTE_WEIGHTS_FINISH, WeightsFinishRequest(
             version=name, adapter=name).model_dump(), self.settings.control_timeout_s)
-        slot.adapters[name] = None
+        held.adapters[name] = None
 
     async def push(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
-        if slot.transport is None:
-            slot.transport = await self._choose_transport(slot)
+        held = self.held(slot)
+        if held.transport is None:
+            held.transport = await self._choose_transport(slot)
         start = time.perf_counter()
-        if slot.transport.kind == "ipc":
+        if held.transport.kind == "ipc":
             await self._push_ipc(slot, name, named, spec)
         else:
-            await self._push_broadcast(slot, slot.transport, name, named, spec)
+            await self._push_broadcast(slot, held, name, named, spec)
         self.push_seconds += time.perf_counter() - start
         self.pushed_bytes += sum(tensor.numel() * tensor.element_size() for _, tensor in named)
 
@@ -144,13 +185,15 @@ class Publisher:
         finally:
             sender.release()
 
-    async def _push_broadcast(self, slot: EngineSlot, choice: TransportChoice, name: str, named: NamedTensors,
+    async def _push_broadcast(self, slot: EngineSlot, held: EngineWeights, name: str, named: NamedTensors,
                               spec: LoraSpec) -> None:
         """A gloo or NCCL group of the trainer (rank 0) and the engine's workers (ranks 1..), made on the first
         push."""
-        assert choice.kind != "ipc" and choice.master_address is not None, "a gloo or nccl group, with its address"
+        choice = held.transport
+        assert choice is not None and choice.kind != "ipc" and choice.master_address is not None, \
+            "a gloo or nccl group, with its address"
         device = self._trainer_device() if choice.kind == "nccl" else None
-        if slot.sender is None:
+        if held.sender is None:
             init = TransferInit(backend=choice.kind, master_address=choice.master_address,
                                 master_port=free_port(choice.master_address), world_size=1 + choice.receivers,
                                 rank_offset=1, group_name=f"tx-{slot.name}-{uuid.uuid4().hex[:8]}",
@@ -160,13 +203,13 @@ class Publisher:
                 asyncio.to_thread(sender.connect),
                 self.client.post(slot.name, ROUTE_WEIGHTS_INIT, init.model_dump(), self.settings.control_timeout_s),
             )
-            slot.sender = sender
+            held.sender = sender
         update = plan_update(named)
         body = WeightsUpdateRequest(transfer=update, adapter=name, lora=spec)
         await asyncio.gather(
             self.client.post(slot.name, ROUTE_WEIGHTS_UPDATE, body.model_dump(mode="json"),
                              self.settings.transfer_timeout_s),
-            asyncio.to_thread(_send, slot.sender, named, update, device),
+            asyncio.to_thread(_send, held.sender, named, update, device),
         )
 
 

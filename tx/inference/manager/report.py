@@ -8,24 +8,25 @@ from typing import Any
 from tx.inference.manager.client import EngineRequestError, EngineUnavailable, InferenceClient
 from tx.inference.manager.external import ExternalHandle
 from tx.inference.manager.groups import EngineGroup, EngineSlot
+from tx.inference.manager.publisher import Publisher
 from tx.inference.protocol import ROUTE_HEALTH
 
 
-async def describe_groups(groups: list[EngineGroup], client: InferenceClient) -> list[dict[str, Any]]:
+async def describe_groups(groups: list[EngineGroup], client: InferenceClient,
+                          publisher: Publisher) -> list[dict[str, Any]]:
     return [
         {"base_model": group.base_model, "state": group.state.value,
-         "engines": [await _describe_slot(slot, client) for slot in group.slots.values()]}
+         "engines": [await _describe_slot(slot, client, publisher) for slot in group.slots.values()]}
         for group in groups
     ]
 
 
-async def _describe_slot(slot: EngineSlot, client: InferenceClient) -> dict[str, Any]:
-    info: dict[str, Any] = {"name": slot.name, "adapters": list(slot.adapters), "pid": None, "alive": False,
+async def _describe_slot(slot: EngineSlot, client: InferenceClient, publisher: Publisher) -> dict[str, Any]:
+    info: dict[str, Any] = {"name": slot.name, "adapters": list(publisher.held(slot).adapters), "pid": None, "alive": False,
                             "external": slot.external}
     if isinstance(slot.process, ExternalHandle):  # started by someone else: up or down, and why
         info.update(state=slot.process.state, problem=slot.process.problem, rejoins=slot.process.rejoins)
-    if slot.transport is not None:
-        t = slot.transport
+    if (t := publisher.held(slot).transport) is not None:
         info["transport"] = {"kind": t.kind, "master_address": t.master_address, "reason": t.reason}
     if slot.process is not None:
         info.update(pid=slot.process.pid, alive=slot.process.alive, url=slot.process.url)

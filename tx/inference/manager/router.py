@@ -1,7 +1,8 @@
-"""Sticky routing: a consistent hash of `X-Session-ID` picks the engine, skipping dead ones.
+"""Sticky routing: a consistent hash of a key picks the engine, skipping dead ones.
 
-The key is `<sampling_session_id>:<seq_id>`, so the `n` samples of one request go together, and a
-session's requests spread over engines while each request's prefix stays on one engine.
+The manager routes on the sampler id (`EngineGroup.pick`), so every request of one sampling client goes to
+one engine (its prefix cache, its loaded adapter) while different samplers spread over the engines; when an
+engine leaves or comes back, only the samplers homed on it move.
 """
 
 from __future__ import annotations

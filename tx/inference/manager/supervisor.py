@@ -19,6 +19,8 @@ import asyncio
 import logging
 
 from tx.inference.launch import EngineHandle, Launcher
+from collections.abc import Callable
+
 from tx.inference.manager.client import InferenceClient
 from tx.inference.manager.external_watch import ExternalEngines
 from tx.inference.manager.groups import EngineGroup, EngineSlot
@@ -28,14 +30,24 @@ logger = logging.getLogger(__name__)
 
 class Supervisor:
     def __init__(self, launcher: Launcher, client: InferenceClient, control_timeout_s: float,
-                 probe_interval_s: float = 2.0, max_adapters: int = 1) -> None:
+                 forget: Callable[[EngineSlot], None], probe_interval_s: float = 2.0, max_adapters: int = 1) -> None:
+        """`forget`: tells the owner of what engines hold (the publisher) that a slot's process is new."""
         self.launcher = launcher
         self.client = client
         self.control_timeout_s = control_timeout_s
-        self.external = ExternalEngines(client, probe_interval_s, control_timeout_s, max_adapters)
+        self._forget = forget
+        self.external = ExternalEngines(client, probe_interval_s, control_timeout_s, forget, max_adapters)
         self.restarts = 0  # processes replaced after a failure (for operators and tests)
         self.closed = False
         self._background: set[asyncio.Task] = set()
+
+    def watch_external(self, loop: asyncio.AbstractEventLoop, slots: list[EngineSlot]) -> None:
+        """Probe the external engines among `slots` while tx serves (`external_watch.py`)."""
+        self.external.watch(loop, slots)
+
+    def mark_down(self, slot: EngineSlot, reason: str) -> None:
+        """An external engine failed a request or a push: out of routing, probed until it rejoins."""
+        self.external.mark_down(slot, reason)
 
     async def ensure_running(self, group: EngineGroup, slot: EngineSlot) -> None:
         """A live engine in the slot; an external one that is down raises EngineUnavailable."""
@@ -53,7 +65,7 @@ class Supervisor:
         if slot.process is not None:
             logger.warning("engine %s (pid %s) is dead; restarting it", slot.name, slot.process.pid)
             self.restarts += 1
-        slot.reset()
+        self._forget(slot)
         slot.process = await self.launcher.start(slot.name, group.model_dir)
         self.client.engines[slot.name] = slot.process.url
 
@@ -68,7 +80,7 @@ class Supervisor:
                 if failed.alive:
                     await self.launcher.stop(failed)  # alive but failing: stop it before starting anew
                     self.restarts += 1
-                    slot.reset()
+                    self._forget(slot)
                     slot.process = None
             await self._start_unless_alive(group, slot)
 
@@ -97,7 +109,7 @@ class Supervisor:
         await self.external.close()
         for group in groups:
             for slot in group.slots.values():
-                slot.reset()
+                self._forget(slot)
                 if slot.process is not None and not slot.external:
                     await self.launcher.stop(slot.process)
                     slot.process = None
