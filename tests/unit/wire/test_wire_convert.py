@@ -9,8 +9,8 @@ from tinker._compat import model_dump
 from tinker.types._pydantic_types.tensor_data import TensorData as SdkTensorDataModel
 
 from tx.api.wire import convert
-from tx.api.wire import schemas as ours
-from tx.api.wire.sample_schemas import ModelInputJson, SampleRequestJson, TensorDataJson
+from tx.api.wire.schemas import models
+from tx.api.wire.schemas.asample import ModelInputJson, SampleRequestJson, TensorDataJson
 from tx.types import AdamParams, ImageAssetPointer, ImageChunk, LoraConfig, TextChunk, UserError
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(30))
@@ -166,7 +166,7 @@ def test_bad_tensor_data_json(wire, match):
 
 
 def test_lora_and_optimizer_conversion():
-    req = ours.CreateModelRequest.model_validate(
+    req = models.CreateModelRequest.model_validate(
         model_dump(
             sdk.CreateModelRequest(
                 session_id="s",
@@ -182,24 +182,26 @@ def test_lora_and_optimizer_conversion():
     assert convert.lora_config_to_domain(None) == LoraConfig()
     convert.check_optimizer_config(req.optimizer_config)
     with pytest.raises(UserError, match="rank"):
-        convert.lora_config_to_domain(ours.LoraConfig(rank=0))
+        convert.lora_config_to_domain(models.LoraConfig(rank=0))
     with pytest.raises(UserError, match="at least one"):
-        convert.lora_config_to_domain(ours.LoraConfig(train_attn=False, train_mlp=False, train_unembed=False))
+        convert.lora_config_to_domain(
+            models.LoraConfig(train_attn=False, train_mlp=False, train_unembed=False)
+        )
     with pytest.raises(UserError, match="dimuon"):
-        convert.check_optimizer_config(ours.OptimizerConfig(type="dimuon", version=1))
+        convert.check_optimizer_config(models.OptimizerConfig(type="dimuon", version=1))
 
 
 def test_optim_step_conversion():
     adam = sdk.OptimStepRequest(
         adam_params=sdk.AdamParams(learning_rate=2e-4, grad_clip_norm=1.0), model_id="m", seq_id=2
     )
-    req = ours.OptimStepRequest.model_validate(model_dump(adam, exclude_none=True, mode="json"))
+    req = models.OptimStepRequest.model_validate(model_dump(adam, exclude_none=True, mode="json"))
     assert convert.optim_step_params_to_domain(req) == AdamParams(learning_rate=2e-4, grad_clip_norm=1.0)
     dimuon = sdk.OptimStepRequest(
         optimizer_params=sdk.DimuonParams(learning_rate=0.02), model_id="m", seq_id=3
     )
-    req = ours.OptimStepRequest.model_validate(model_dump(dimuon, exclude_none=True, mode="json"))
+    req = models.OptimStepRequest.model_validate(model_dump(dimuon, exclude_none=True, mode="json"))
     with pytest.raises(UserError, match="'dimuon' is not supported"):
         convert.optim_step_params_to_domain(req)
     with pytest.raises(UserError, match="beta1"):
-        convert.adam_params_to_domain(ours.AdamParams(beta1=1.0))
+        convert.adam_params_to_domain(models.AdamParams(beta1=1.0))

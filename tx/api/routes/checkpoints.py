@@ -13,11 +13,11 @@ from fastapi import APIRouter, Query, Request
 
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses, safe_text
-from tx.api.wire.rest_schemas import (
+from tx.api.wire.schemas.base import Cursor
+from tx.api.wire.schemas.checkpoints import (
     Checkpoint,
     CheckpointsListResponse,
     CheckpointTtlRequest,
-    Cursor,
     ExternalWeightsUrlsResponse,
 )
 from tx.core.checkpoints.files import CHECKPOINT_TYPE

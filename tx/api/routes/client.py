@@ -8,10 +8,12 @@ from fastapi import APIRouter, Response
 
 from tx.api.deps import Caller, Ctx, Operator
 from tx.api.errors import COMMON_ERRORS
-from tx.api.wire.rest_schemas import GetServerCapabilitiesResponse, HealthResponse, SupportedModel
-from tx.api.wire.schemas import (
+from tx.api.wire.schemas.client import (
     ClientConfigRequest,
     ClientConfigResponse,
+    GetServerCapabilitiesResponse,
+    HealthResponse,
+    SupportedModel,
     TelemetryResponse,
     TelemetrySendRequest,
 )

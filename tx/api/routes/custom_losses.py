@@ -8,7 +8,8 @@ from fastapi import APIRouter
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.schemas import CreateCustomLossRequest, UntypedAPIFuture
+from tx.api.wire.schemas.custom_losses import CreateCustomLossRequest
+from tx.api.wire.schemas.futures import UntypedAPIFuture
 
 router = APIRouter(tags=["training"], responses=COMMON_ERRORS | error_responses(404, 410))
 

@@ -12,22 +12,23 @@ from pydantic import BaseModel
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.codec import PROTOBUF_CONTENT_TYPE, encode_forward_backward_output, encode_sample_response
-from tx.api.wire.schemas import (
-    CancelFutureRequest,
-    CreateCustomLossResponse,
-    CreateModelResponse,
-    FutureCompletion,
-    FuturesRetrieveRequest,
-    FuturesRetrieveResponse,
+from tx.api.wire.schemas.checkpoints import (
     LoadWeightsResponse,
-    OptimStepResponse,
-    RequestFailedResponse,
-    RetrieveFutureRequest,
     SaveWeightsExternalResponse,
     SaveWeightsForSamplerResponse,
     SaveWeightsResponse,
+)
+from tx.api.wire.schemas.custom_losses import CreateCustomLossResponse
+from tx.api.wire.schemas.futures import (
+    CancelFutureRequest,
+    FutureCompletion,
+    FuturesRetrieveRequest,
+    FuturesRetrieveResponse,
+    RequestFailedResponse,
+    RetrieveFutureRequest,
     TryAgainResponse,
 )
+from tx.api.wire.schemas.models import CreateModelResponse, OptimStepResponse
 from tx.core.results import (
     CheckpointSaved,
     CustomLossCreated,

@@ -18,7 +18,7 @@ from fastapi.responses import StreamingResponse
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.oai_schemas import ChatCompletionRequest, CompletionRequest
+from tx.api.wire.schemas.oai import ChatCompletionRequest, CompletionRequest
 from tx.core.sampling.text import TextChoice, TextResult
 from tx.types import SamplingParams
 

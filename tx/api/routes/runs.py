@@ -9,8 +9,8 @@ from fastapi import APIRouter, Query
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.routes.checkpoints import checkpoint_view, str_values
-from tx.api.wire.rest_schemas import (
-    Cursor,
+from tx.api.wire.schemas.base import Cursor
+from tx.api.wire.schemas.runs import (
     TrainingRun,
     TrainingRunsResponse,
     WeightsInfoRequest,

@@ -9,12 +9,12 @@ from fastapi import APIRouter
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.convert import sample_request_to_domain
-from tx.api.wire.sample_schemas import SampleRequestJson
-from tx.api.wire.schemas import (
+from tx.api.wire.schemas.asample import SampleRequestJson
+from tx.api.wire.schemas.futures import UntypedAPIFuture
+from tx.api.wire.schemas.sampling import (
     CreateSamplingSessionRequest,
     CreateSamplingSessionResponse,
     GetSamplerResponse,
-    UntypedAPIFuture,
 )
 from tx.types import UserError
 

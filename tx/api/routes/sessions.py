@@ -9,22 +9,20 @@ from fastapi import APIRouter, Query, Request
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.routes.checkpoints import download_base
-from tx.api.wire.rest_schemas import (
+from tx.api.wire.schemas.sessions import (
     AssignProjectRequest,
+    CreateSessionRequest,
+    CreateSessionResponse,
     GetSessionResponse,
     ListSessionsResponse,
+    SessionFinishRequest,
+    SessionHeartbeatRequest,
+    SessionHeartbeatResponse,
     SessionSearchCursor,
     SessionSearchRequest,
     SessionSearchResponse,
     SessionSummary,
     TraceExportResponse,
-)
-from tx.api.wire.schemas import (
-    CreateSessionRequest,
-    CreateSessionResponse,
-    SessionFinishRequest,
-    SessionHeartbeatRequest,
-    SessionHeartbeatResponse,
 )
 from tx.core.sessions import SessionQuery, SessionStatus, SessionView
 

@@ -19,17 +19,19 @@ from tx.api.wire.convert import (
     lora_config_to_domain,
     optim_step_params_to_domain,
 )
-from tx.api.wire.schemas import (
-    CreateModelRequest,
-    GetInfoRequest,
-    GetInfoResponse,
+from tx.api.wire.schemas.checkpoints import (
     LoadWeightsRequest,
-    ModelData,
-    OptimStepRequest,
     SaveWeightsExternalRequest,
     SaveWeightsForSamplerRequest,
     SaveWeightsRequest,
-    UntypedAPIFuture,
+)
+from tx.api.wire.schemas.futures import UntypedAPIFuture
+from tx.api.wire.schemas.models import (
+    CreateModelRequest,
+    GetInfoRequest,
+    GetInfoResponse,
+    ModelData,
+    OptimStepRequest,
 )
 from tx.core.futures import Future
 from tx.types import UserError, model_id_for

@@ -1,7 +1,7 @@
 """JSON wire schemas -> domain types, with the checks that turn bad input into a `UserError`.
 
 Nothing below the API sees a wire object: routes validate a body with a schema from
-`schemas.py` / `sample_schemas.py`, then call one of these.
+`schemas/`, then call one of these.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import binascii
 
 import numpy as np
 
-from tx.api.wire import sample_schemas, schemas
 from tx.api.wire.codec import image_chunk
+from tx.api.wire.schemas import asample, models
 from tx.api.wire.tensors import densify_csr, reshape_dense
 from tx.types import (
     MAX_SAMPLES_PER_REQUEST,
@@ -34,7 +34,7 @@ SUPPORTED_OPTIMIZER = "adamw"
 _SEED_MODULUS = 2**63 - 1
 
 
-def model_input_from_json(model_input: sample_schemas.ModelInputJson) -> ModelInput:
+def model_input_from_json(model_input: asample.ModelInputJson) -> ModelInput:
     chunks: list[Chunk] = []
     for index, chunk in enumerate(model_input.chunks):
         try:
@@ -44,12 +44,12 @@ def model_input_from_json(model_input: sample_schemas.ModelInputJson) -> ModelIn
     return ModelInput(chunks=tuple(chunks))
 
 
-def _chunk_from_json(chunk: sample_schemas.ModelInputChunkJson) -> Chunk:
-    if isinstance(chunk, sample_schemas.EncodedTextChunkJson):
+def _chunk_from_json(chunk: asample.ModelInputChunkJson) -> Chunk:
+    if isinstance(chunk, asample.EncodedTextChunkJson):
         return TextChunk(tokens=tuple(chunk.tokens))
-    if isinstance(chunk, sample_schemas.ImageChunkJson):
+    if isinstance(chunk, asample.ImageChunkJson):
         return image_chunk(_b64decode(chunk.data, "image data"), chunk.format, chunk.expected_tokens)
-    if isinstance(chunk, sample_schemas.ImageAssetPointerChunkJson):
+    if isinstance(chunk, asample.ImageAssetPointerChunkJson):
         if not chunk.location:
             raise UserError("image_asset_pointer has an empty location")
         return ImageAssetPointer(
@@ -65,7 +65,7 @@ def _b64decode(text: str, what: str) -> bytes:
         raise UserError(f"{what} is not valid base64: {exc}") from exc
 
 
-def tensor_data_from_json(tensor: sample_schemas.TensorDataJson, *, pad_value: int = 0) -> np.ndarray:
+def tensor_data_from_json(tensor: asample.TensorDataJson, *, pad_value: int = 0) -> np.ndarray:
     """Dense numpy array (int64 or float32); CSR cells not listed take `pad_value`."""
     dtype = np.dtype(np.int64) if tensor.dtype == "int64" else np.dtype(np.float32)
     values = _numbers_to_array(tensor.data, dtype)
@@ -90,7 +90,7 @@ def _numbers_to_array(numbers: list[int] | list[float], dtype: np.dtype) -> np.n
         raise UserError(f"tensor: a value does not fit int64: {exc}") from exc
 
 
-def lora_config_to_domain(config: schemas.LoraConfig | None) -> LoraConfig:
+def lora_config_to_domain(config: models.LoraConfig | None) -> LoraConfig:
     """The SDK always sends lora_config; without one, tx uses the SDK's defaults."""
     if config is None:
         return LoraConfig()
@@ -105,13 +105,13 @@ def lora_config_to_domain(config: schemas.LoraConfig | None) -> LoraConfig:
     return lora
 
 
-def check_optimizer_config(config: schemas.OptimizerConfig | None) -> None:
+def check_optimizer_config(config: models.OptimizerConfig | None) -> None:
     """tx trains with AdamW only; a model created for another optimizer is refused."""
     if config is not None and config.type != SUPPORTED_OPTIMIZER:
         raise UserError(f"optimizer {config.type!r} is not supported: this server trains with adamw only")
 
 
-def adam_params_to_domain(params: schemas.AdamParams) -> AdamParams:
+def adam_params_to_domain(params: models.AdamParams) -> AdamParams:
     adam = AdamParams(
         learning_rate=params.learning_rate,
         beta1=params.beta1,
@@ -124,7 +124,7 @@ def adam_params_to_domain(params: schemas.AdamParams) -> AdamParams:
     return adam
 
 
-def optim_step_params_to_domain(request: schemas.OptimStepRequest) -> AdamParams:
+def optim_step_params_to_domain(request: models.OptimStepRequest) -> AdamParams:
     """Adam parameters of an optim_step; `optimizer_params` (e.g. dimuon) is refused."""
     if request.adam_params is None:
         kind = request.optimizer_params.type if request.optimizer_params else "unknown"
@@ -132,7 +132,7 @@ def optim_step_params_to_domain(request: schemas.OptimStepRequest) -> AdamParams
     return adam_params_to_domain(request.adam_params)
 
 
-def sample_request_to_domain(request: sample_schemas.SampleRequestJson) -> SampleRequest:
+def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleRequest:
     _reject_unsupported_sampling_features(request)
     if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
         raise UserError(f"num_samples must be in [1, {MAX_SAMPLES_PER_REQUEST}], got {request.num_samples}")
@@ -156,7 +156,7 @@ def sample_request_to_domain(request: sample_schemas.SampleRequestJson) -> Sampl
     )
 
 
-def _reject_unsupported_sampling_features(request: sample_schemas.SampleRequestJson) -> None:
+def _reject_unsupported_sampling_features(request: asample.SampleRequestJson) -> None:
     unsupported = {
         "topk_sample_logprobs": request.topk_sample_logprobs > 0,
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
@@ -179,7 +179,7 @@ def _check_prompt_logprobs_last_n(last_n: int, prompt: ModelInput, prompt_logpro
             raise UserError(f"prompt_logprobs_last_n must be <= len(prompt) - 1 = {max_n}, got {last_n}")
 
 
-def sampling_params_to_domain(params: sample_schemas.SamplingParamsJson) -> SamplingParams:
+def sampling_params_to_domain(params: asample.SamplingParamsJson) -> SamplingParams:
     """Stop: omitted = EOS only; [] = nothing, not even EOS; ints = stop token ids (plus EOS);
     strings = stop strings (plus EOS)."""
     if params.max_tokens is not None and params.max_tokens < 1:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tx.api.wire.schemas import WireRequest
+from tx.api.wire.schemas.base import WireRequest
 
 
 class EncodedTextChunkJson(WireRequest):
