@@ -11,7 +11,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from tx.config import EngineKindName
+from tx.config.names import EngineKindName
 
 logger = logging.getLogger("tx")
 SHUTDOWN_GRACE_S = 1  # seconds
@@ -177,7 +177,7 @@ def serve(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"tx serve: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    if settings.engine == "vllm":
+    if settings.engines.kind == "vllm":
         from tx.inference.engines.vllm import VllmUnavailable, require_vllm
 
         try:

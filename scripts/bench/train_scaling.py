@@ -40,9 +40,9 @@ import torch
 
 from tx.backends.base import TrainingBackend
 from tx.backends.torch.backend import TorchBackend
-from tx.backends.torch.settings import TrainerSettings
+from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
-from tx.config import ShardBase
+from tx.config.names import ShardBase
 from tx.models import write_tiny_text_model
 from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
@@ -122,7 +122,7 @@ def configurations(args: argparse.Namespace, models: dict[str, Path], gpu: bool)
     for name, policy in policies:
         backend = create_workers_backend(
             models, args.workers, device="cuda" if gpu else "cpu", threads=0 if gpu else threads,
-            trainer=TrainerSettings(shard_base=policy),
+            trainer=TrainerSection(shard_base=policy),
         )
         configs[name] = Config(backend, args.workers, f"{per_worker} each")
     return configs

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tx.backends.torch.backend import TorchBackend
-from tx.backends.torch.settings import TrainerSettings
+from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.models.tiny import write_tiny_text_model
 from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
@@ -47,7 +47,7 @@ def test_two_gpus_give_the_one_gpu_result(tmp_path, shard_base):
     del one
     torch.cuda.empty_cache()
 
-    workers = create_workers_backend(models, 2, device="cuda", trainer=TrainerSettings(shard_base=shard_base))
+    workers = create_workers_backend(models, 2, device="cuda", trainer=TrainerSection(shard_base=shard_base))
     try:
         workers.create_model("two", "tiny", LORA)
         losses, weights = train(workers, "two")

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 
@@ -32,8 +30,8 @@ from tx.api.routes import (
 from tx.api.routes import metrics as metrics_route
 from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
-from tx.backends.torch.settings import TrainerSettings
 from tx.config import Settings
+from tx.config.sections import EngineSection
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import FutureRegistry
@@ -42,7 +40,8 @@ from tx.core.sampling.text import TextSampling
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.core.views import RunViews
-from tx.inference.launch import Launcher, LocalLauncher
+from tx.inference.launch import Launcher
+from tx.inference.launch.build import build_launcher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.inference.manager.external import ExternalEngine, ExternalEngineError, check_at_startup
 from tx.models.serve import resolve_served_models, tokenizer_id_for
@@ -53,26 +52,17 @@ logger = logging.getLogger(__name__)
 TRAINING_STOP_WAIT_S = 2.0  # at shutdown, the training step in flight gets this long to end (the thread is a daemon)
 
 
-def engine_colocation(settings: Settings) -> bool:
-    """Whether engines share the trainer's accelerator: as set, else whenever a CUDA GPU is present."""
-    if settings.engine_colocate is not None:
-        return settings.engine_colocate
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def build_manager(settings: Settings, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
+def build_manager(engines: EngineSection, models: dict[str, Path], loop: asyncio.AbstractEventLoop,
                   trainer_device: str, launcher: Launcher, colocate: bool,
                   externals: list[ExternalEngine] | None = None) -> EngineManager:
     """`trainer_device`: where the trainer runs (the backend's `training_device()`); it picks the weight
-    transport to each engine (gloo, NCCL, CUDA IPC). `externals`: engines started by someone else, checked."""
+    transport to each engine (gloo, NCCL, CUDA IPC). `externals`: engines started by someone else, checked.
+    The manager's own `EngineSettings` are read from the engines' section here, in one place."""
     engine_settings = EngineSettings(
-        count=settings.managed_engine_count(False), count_with_external=settings.managed_engine_count(True),
-        colocate=colocate, sleep_level=settings.engine_sleep_level, max_adapters=settings.engine_max_adapters,
-        versions_kept=settings.sampler_versions_kept, trainer_device=trainer_device,
-        training_wait_s=settings.engine_training_wait_s,
-        probe_interval_s=settings.engine_probe_interval_s,
+        count=engines.managed_count(False), count_with_external=engines.managed_count(True),
+        colocate=colocate, sleep_level=engines.sleep_level, max_adapters=engines.max_adapters,
+        versions_kept=engines.versions_kept, trainer_device=trainer_device,
+        training_wait_s=engines.training_wait_s, probe_interval_s=engines.probe_interval_s,
     )
     manager = EngineManager(models, engine_settings, launcher, externals or [])
     manager.bind(loop)
@@ -88,34 +78,6 @@ def trainer_placement(launcher: Launcher, loop: asyncio.AbstractEventLoop) -> Ca
     return lambda rank: asyncio.run_coroutine_threadsafe(trainer_options(rank), loop).result()
 
 
-def build_launcher(settings: Settings, num_engines: int, colocate: bool) -> Launcher:
-    """Local engine processes by default; Ray actors in a placement group with --ray-address. The engines'
-    secret: the external engines' (`--engine-secret`) when given, so that one client talks to all; else new."""
-    secret = _secret(settings) or secrets.token_urlsafe(32)
-    work_dir = settings.data_dir / "engines"
-    tp = settings.engine_tensor_parallel_size
-    options: dict[str, Any] = {"max_adapters": settings.engine_max_adapters,
-                               "dtype": settings.resolved_engine_dtype}
-    if settings.engine == "vllm":
-        options.update(gpu_memory_utilization=settings.engine_memory_share,
-                       extra_args=["--tensor-parallel-size", str(tp)])
-    if settings.ray_address is None:
-        return LocalLauncher(work_dir, secret, kind=settings.engine, **options)
-    from tx.inference.launch.ray_launcher import RayLauncher
-    from tx.ray import connect
-    from tx.ray.placement import PlacementSpec
-
-    address = None if settings.ray_address == "local" else settings.ray_address
-    connect(address)
-    import ray
-
-    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-    trainers = settings.trainer_workers if settings.trainer_workers > 1 else 0
-    spec = PlacementSpec(num_engines=num_engines, tensor_parallel_size=tp,
-                         num_trainer_workers=trainers, colocate=colocate and use_gpu, use_gpu=use_gpu)
-    return RayLauncher(spec, secret, engine=settings.engine, address=address, work_dir=work_dir, **options)
-
-
 def checkpoint_files(root: Path) -> CheckpointFiles:
     files = CheckpointFiles(root)
     if swept := files.sweep():
@@ -123,35 +85,28 @@ def checkpoint_files(root: Path) -> CheckpointFiles:
     return files
 
 
-def trainer_settings(settings: Settings) -> TrainerSettings:
-    return TrainerSettings(
-        micro_batch_tokens=settings.train_micro_batch_tokens, dtype=settings.train_dtype,
-        gradient_checkpointing=settings.gradient_checkpointing,
-        max_sequence_tokens=settings.train_max_sequence_tokens, shard_base=settings.trainer_shard_base,
-    )
-
-
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
-    externals = check_at_startup(settings.engine_urls, _secret(settings), models,  # before the slow parts
-                                 settings.engine_max_adapters)
-    images = ImageInputs.from_settings(settings)
-    colocate = engine_colocation(settings)
+    engines = settings.engines
+    externals = check_at_startup(engines.urls, engines.secret_value(), models,  # before the slow parts
+                                 engines.max_adapters)
+    images = ImageInputs.from_section(settings.images)
+    colocate = engines.resolved_colocate()
     with_external = {e.base_model for e in externals}
-    num_engines = sum(settings.managed_engine_count(name in with_external) for name in models)
-    launcher = build_launcher(settings, num_engines, colocate)
-    backend = create_backend(settings.backend, models, device=settings.device, image_limits=images.limits,
-                             workers=settings.trainer_workers, trainer=trainer_settings(settings),
+    num_engines = sum(engines.managed_count(name in with_external) for name in models)
+    launcher = build_launcher(engines, settings.trainer, work_dir=settings.data_dir / "engines",
+                              num_engines=num_engines, colocate=colocate)
+    backend = create_backend(models, settings.trainer, image_limits=images.limits,
                              ray_options=trainer_placement(launcher, loop))
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
-    manager = build_manager(settings, models, loop, backend.training_device(), launcher, colocate, externals)
+    manager = build_manager(engines, models, loop, backend.training_device(), launcher, colocate, externals)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
-                          training_lease=manager.training_pass, versions_kept=settings.sampler_versions_kept)
+                          training_lease=manager.training_pass, versions_kept=engines.versions_kept)
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, images)
     views = RunViews(store, core.base_models.info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
@@ -216,10 +171,6 @@ async def _janitor(ctx: Context) -> None:
             await asyncio.to_thread(ctx.sessions.reap_stale, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")
-
-
-def _secret(settings: Settings) -> str | None:
-    return settings.engine_secret.get_secret_value() if settings.engine_secret else None
 
 
 def _redact(url: str) -> str:

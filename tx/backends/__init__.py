@@ -8,52 +8,44 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tx.backends.base import TrainingBackend
-from tx.backends.torch.settings import TrainerSettings
+from tx.config.sections import TrainerSection
 
 if TYPE_CHECKING:
     from tx.multimodal import ImageLimits
 
 
 def create_backend(
-    name: str,
     models: dict[str, Path],
+    trainer: TrainerSection | None = None,
     *,
-    device: str = "auto",
     image_limits: ImageLimits | None = None,
-    workers: int = 1,
-    trainer: TrainerSettings | None = None,
     ray_options: Callable[[int], dict[str, Any]] | None = None,
 ) -> TrainingBackend:
-    """Build the backend called `name`, importing its heavy library only now; with `workers` > 1 the trainer
-    runs on that many worker processes (torch only), Ray actors placed by `ray_options(rank)` if given.
-    `trainer`: micro-batch budget, dtype and checkpointing of the torch trainer (device defaults when None);
-    "jax" takes its budget only."""
-    if name == "torch" and workers > 1:
+    """Build the backend `trainer.backend` names, importing its heavy library only now, on `trainer.device`;
+    with `trainer.workers` > 1 the trainer runs on that many worker processes (torch only), Ray actors placed
+    by `ray_options(rank)` if given. "jax" takes the micro-batch budget only."""
+    trainer = trainer or TrainerSection()
+    if trainer.backend == "torch" and trainer.workers > 1:
         from tx.backends.torch.workers import create_workers_backend
 
-        return create_workers_backend(models, workers, device=device, image_limits=image_limits,
+        return create_workers_backend(models, trainer.workers, device=trainer.device, image_limits=image_limits,
                                       trainer=trainer, ray_options=ray_options)
-    if name == "torch":
+    if trainer.backend == "torch":
         from tx.backends.torch.backend import TorchBackend
 
-        return TorchBackend(models, device=device, image_limits=image_limits, settings=trainer)
-    if name == "jax":
-        return _jax_backend(models, device, workers, trainer)
-    raise ValueError(f"unknown training backend {name!r}: choose 'torch' or 'jax'")
+        return TorchBackend(models, device=trainer.device, image_limits=image_limits, settings=trainer)
+    return _jax_backend(models, trainer)
 
 
-def _jax_backend(
-    models: dict[str, Path], device: str, workers: int, trainer: TrainerSettings | None
-) -> TrainingBackend:
+def _jax_backend(models: dict[str, Path], trainer: TrainerSection) -> TrainingBackend:
     """The JAX trainer (the [jax] extra). It takes the micro-batch budget; the torch trainer's other settings
     are refused rather than ignored."""
     missing = [module for module in ("jax", "optax") if importlib.util.find_spec(module) is None]
     if missing:
         raise ValueError(f"--backend jax needs the [jax] extra ({', '.join(missing)} not installed): "
                          "pip install 'tx[jax]'")
-    trainer = trainer or TrainerSettings()
     unsupported = {
-        "--trainer-workers > 1 (jax uses every local device in one process)": workers > 1,
+        "--trainer-workers > 1 (jax uses every local device in one process)": trainer.workers > 1,
         "--train-dtype other than float32": trainer.dtype not in (None, "float32"),
         "--gradient-checkpointing": bool(trainer.gradient_checkpointing),
         "--train-max-sequence-tokens": trainer.max_sequence_tokens is not None,
@@ -63,4 +55,4 @@ def _jax_backend(
         raise ValueError(f"--backend jax does not support {', '.join(refused)}")
     from tx.backends.jax.backend import JaxBackend
 
-    return JaxBackend(models, device=device, micro_batch_tokens=trainer.micro_batch_tokens)
+    return JaxBackend(models, device=trainer.device, micro_batch_tokens=trainer.micro_batch_tokens)

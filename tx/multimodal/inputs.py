@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from tx.config.sections import ImagesSection
 from tx.multimodal.fetch import AssetPolicy, Resolver, fetch_asset, system_resolver
 from tx.multimodal.images import ImageLimits, decode_image
 from tx.types import Chunk, ImageAssetPointer, ImageChunk, ModelInput, SampleRequest, UserError
-
-if TYPE_CHECKING:
-    from tx.config import Settings
 
 
 @dataclass(frozen=True)
@@ -25,15 +22,15 @@ class ImageInputs:
     resolve: Resolver = system_resolver
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ImageInputs:
-        limits = ImageLimits(max_bytes=settings.image_max_bytes, max_pixels=settings.image_max_pixels)
+    def from_section(cls, section: ImagesSection) -> ImageInputs:
+        limits = ImageLimits(max_bytes=section.max_bytes, max_pixels=section.max_pixels)
         assets = AssetPolicy(
-            roots=tuple(Path(root) for root in settings.asset_roots),
-            hosts=tuple(settings.asset_hosts),
-            allow_private=settings.asset_allow_private,
-            allowed_networks=tuple(settings.asset_allowed_networks),
-            max_bytes=settings.image_max_bytes,
-            timeout_s=settings.asset_fetch_timeout_s,
+            roots=tuple(Path(root) for root in section.asset_roots),
+            hosts=tuple(section.asset_hosts),
+            allow_private=section.asset_allow_private,
+            allowed_networks=tuple(section.asset_allowed_networks),
+            max_bytes=section.max_bytes,
+            timeout_s=section.asset_fetch_timeout_s,
         )
         return cls(limits, assets)
 

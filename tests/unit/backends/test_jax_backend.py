@@ -23,6 +23,7 @@ from tx.backends.jax.backend import JaxBackend  # noqa: E402
 from tx.backends.jax.step import JAX_OPS  # noqa: E402
 from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.backends.torch.ops import TORCH_OPS  # noqa: E402
+from tx.config.sections import TrainerSection  # noqa: E402
 from tx.types import AdamParams, ForwardBackwardInput, LoraConfig  # noqa: E402
 
 LORA = LoraConfig(rank=4, seed=0)
@@ -186,7 +187,7 @@ def test_micro_batches_follow_the_token_budget():
 def test_vision_language_model_is_a_startup_error(tmp_path):
     transformers.Qwen2VLConfig(architectures=["Qwen2VLForConditionalGeneration"]).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="vision-language model under --backend jax.*--backend torch"):
-        create_backend("jax", {"vlm": tmp_path})
+        create_backend({"vlm": tmp_path}, TrainerSection(backend="jax"))
 
 
 def test_missing_extra_names_the_pip_extra(monkeypatch, tiny_model_dir):
@@ -195,7 +196,7 @@ def test_missing_extra_names_the_pip_extra(monkeypatch, tiny_model_dir):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optax" else real(name, *a))
     with pytest.raises(ValueError, match=r"pip install 'tx\[jax\]'"):
-        create_backend("jax", {TINY_NAME: tiny_model_dir})
+        create_backend({TINY_NAME: tiny_model_dir}, TrainerSection(backend="jax"))
 
 
 @pytest.mark.parametrize("name", sorted(losses.LOSSES))
@@ -226,11 +227,9 @@ def test_every_loss_formula_runs_on_both_array_libraries(name):
 
 
 def test_torch_only_settings_are_refused_not_ignored(tiny_model_dir):
-    from tx.backends.torch.settings import TrainerSettings
-
     with pytest.raises(ValueError, match="--train-dtype other than float32"):
-        create_backend("jax", {TINY_NAME: tiny_model_dir}, trainer=TrainerSettings(dtype="bfloat16"))
+        create_backend({TINY_NAME: tiny_model_dir}, TrainerSection(backend="jax", dtype="bfloat16"))
     with pytest.raises(ValueError, match="--trainer-workers"):
-        create_backend("jax", {TINY_NAME: tiny_model_dir}, workers=2)
-    backend = create_backend("jax", {TINY_NAME: tiny_model_dir}, trainer=TrainerSettings(micro_batch_tokens=64))
+        create_backend({TINY_NAME: tiny_model_dir}, TrainerSection(backend="jax", workers=2))
+    backend = create_backend({TINY_NAME: tiny_model_dir}, TrainerSection(backend="jax", micro_batch_tokens=64))
     assert backend.micro_batch_tokens == 64

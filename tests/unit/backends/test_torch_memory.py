@@ -13,7 +13,7 @@ from backend_helpers import TINY_NAME, ce, grads, randomize, sft_data, snapshot
 
 from tx.backends.torch import backend as backend_module
 from tx.backends.torch.memory import TrainerOutOfMemory, activation_bytes_per_token, cuda_micro_batch_tokens
-from tx.backends.torch.settings import TrainerSettings
+from tx.config.sections import TrainerSection
 from tx.types import AdamParams, ForwardBackwardInput, LoraConfig, UserError
 
 LORA = LoraConfig(rank=4, seed=0)
@@ -22,7 +22,7 @@ LORA = LoraConfig(rank=4, seed=0)
 def _backend(model_dir, **settings):
     from tx.backends.torch.backend import TorchBackend
 
-    return TorchBackend({TINY_NAME: model_dir}, device="cpu", settings=TrainerSettings(**settings))
+    return TorchBackend({TINY_NAME: model_dir}, device="cpu", settings=TrainerSection(**settings))
 
 
 def test_out_of_memory_fails_the_request_and_the_server_goes_on(tiny_model_dir, monkeypatch):

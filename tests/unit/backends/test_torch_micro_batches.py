@@ -27,12 +27,12 @@ BUDGET = 24
 def micro_backend(tiny_model_dir):
     from tx.backends.torch import logprobs
     from tx.backends.torch.backend import TorchBackend
-    from tx.backends.torch.settings import TrainerSettings
+    from tx.config.sections import TrainerSection
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(logprobs, "CHUNK_LOGITS", 5 * TINY_VOCAB)
         yield TorchBackend(
-            {TINY_NAME: tiny_model_dir}, device="cpu", settings=TrainerSettings(micro_batch_tokens=BUDGET)
+            {TINY_NAME: tiny_model_dir}, device="cpu", settings=TrainerSection(micro_batch_tokens=BUDGET)
         )
 
 

@@ -11,7 +11,7 @@ import torch
 from backend_helpers import TINY_NAME, ce, sft_data, snapshot
 
 from tx.backends.torch.model import load_causal_lm
-from tx.backends.torch.settings import TrainerSettings
+from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.backends.torch.workers.backend import split_by_tokens
 from tx.backends.torch.workers.messages import WireDatum
@@ -43,7 +43,7 @@ def workers(tiny_model_dir, request):
     """2 workers holding the base whole (the default on CPU) or sharding it with FSDP2, with micro-batches of at
     most 20 tokens: rank 0's share of DATA (16 tokens) takes one pass and rank 1's (16 + 8) two, so a sharded
     rank 0 pads with an idle pass (the in-process trainer runs DATA in one)."""
-    settings = TrainerSettings(micro_batch_tokens=20, shard_base=request.param)
+    settings = TrainerSection(micro_batch_tokens=20, shard_base=request.param)
     backend = create_workers_backend({TINY_NAME: tiny_model_dir}, 2, device="cpu", threads=1, trainer=settings)
     yield backend
     backend.close()

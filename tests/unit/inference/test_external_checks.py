@@ -68,12 +68,12 @@ def test_engine_urls_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("TX_ENGINE_URLS", "http://10.0.0.2:8001/, http://10.0.0.3:8001")
     monkeypatch.setenv("TX_ENGINE_SECRET", "s" * 16)
     settings = Settings()
-    assert settings.engine_urls == ["http://10.0.0.2:8001", "http://10.0.0.3:8001"]
+    assert settings.engines.urls == ["http://10.0.0.2:8001", "http://10.0.0.3:8001"]
     assert "s" * 16 not in repr(settings)
-    assert settings.managed_engine_count(has_external=True) == 0
-    assert settings.managed_engine_count(has_external=False) == 1
+    assert settings.engines.managed_count(has_external=True) == 0
+    assert settings.engines.managed_count(has_external=False) == 1
     monkeypatch.setenv("TX_ENGINE_URLS", '["http://10.0.0.4:8001"]')
-    assert Settings().engine_urls == ["http://10.0.0.4:8001"]
+    assert Settings().engines.urls == ["http://10.0.0.4:8001"]
 
 
 def test_engine_urls_need_a_secret_and_a_scheme(monkeypatch: pytest.MonkeyPatch) -> None:

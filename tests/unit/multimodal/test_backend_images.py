@@ -84,7 +84,7 @@ def test_micro_batched_images_equal_one_pass(vlm_dir) -> None:
     logprobs 3 positions at a time, against one micro-batch with one chunk (the full logits)."""
     from tx.backends.torch import logprobs
     from tx.backends.torch.backend import TorchBackend
-    from tx.backends.torch.settings import TrainerSettings
+    from tx.config.sections import TrainerSection
     from tx.multimodal import ImageLimits
 
     text = [Datum(ModelInput.from_tokens(list(range(5, 5 + n))), {
@@ -93,7 +93,7 @@ def test_micro_batched_images_equal_one_pass(vlm_dir) -> None:
     results = {}
     for name, budget, chunk in (("micro", 100, 3), ("one", 10_000, 1 << 30)):
         backend = TorchBackend({"vlm": vlm_dir}, device="cpu", image_limits=ImageLimits(max_pixels=50_000),
-                               settings=TrainerSettings(micro_batch_tokens=budget))
+                               settings=TrainerSection(micro_batch_tokens=budget))
         backend.create_model("run", "vlm", LoraConfig(rank=4, seed=0))
         with torch.no_grad():
             for index, (_, tensor) in enumerate(backend.iter_trainable_weights("run")):

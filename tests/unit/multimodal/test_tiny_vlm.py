@@ -50,11 +50,12 @@ def test_image_settings_from_flags(tmp_path: Path) -> None:
     ])
     fields = {k: v for k, v in vars(args).items() if v is not None and k != "command"}
     settings = Settings(**fields)
-    assert settings.asset_roots == [tmp_path] and settings.asset_hosts == ["images.example:8443"]
-    assert settings.asset_allow_private and settings.asset_allowed_networks == ["10.1.0.0/16"]
-    limits = (settings.image_max_pixels, settings.image_max_bytes, settings.asset_fetch_timeout_s)
+    images = settings.images
+    assert images.asset_roots == [tmp_path] and images.asset_hosts == ["images.example:8443"]
+    assert images.asset_allow_private and images.asset_allowed_networks == ["10.1.0.0/16"]
+    limits = (images.max_pixels, images.max_bytes, images.asset_fetch_timeout_s)
     assert limits == (1000, 2000, 3)
-    defaults = Settings()
+    defaults = Settings().images
     assert not defaults.asset_roots and not defaults.asset_hosts and not defaults.asset_allow_private
     with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 network"):
         Settings(asset_allowed_networks=["not-a-network"])

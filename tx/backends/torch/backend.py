@@ -43,8 +43,9 @@ from tx.backends.torch.model import load_causal_lm, read_model_info
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.plan import plan_micro_batches
 from tx.backends.torch.run import Run
-from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS, TrainerSettings
+from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.backends.torch.step import CustomStep, run_micro_batch
+from tx.config.sections import TrainerSection
 from tx.multimodal import ImageLimits, vision_processor
 from tx.devices import resolve_device
 from tx.types import (
@@ -74,14 +75,14 @@ class TorchBackend(TrainingBackend):
         *,
         device: str = "auto",
         image_limits: ImageLimits | None = None,
-        settings: TrainerSettings | None = None,
+        settings: TrainerSection | None = None,
     ) -> None:
         """`models` maps each served base-model name to a local HF model directory; `image_limits` caps
         the images in training data (vision-language models); `settings` the micro-batch budget, dtype
         and checkpointing (defaults chosen for the device)."""
         self._paths = {name: Path(path) for name, path in models.items()}
         self.device = resolve_device(device)
-        self.settings = (settings or TrainerSettings()).resolved(self.device.type)
+        self.settings = (settings or TrainerSection()).resolved(self.device.type)
         if self.device.type == "cpu":
             return_freed_tensors_to_os()  # activations live in host memory: keep the peak bounded
         self._budgets: dict[str, int] = {}

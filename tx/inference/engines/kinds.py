@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import get_args
 
-from tx.config import EngineKindName
+from tx.config.names import EngineKindName
 from tx.inference.engines.config import EngineProcessConfig
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.vllm import require_vllm

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from tx.config import Dtype, EngineKindName
+    from tx.config.names import Dtype, EngineKindName
     from tx.inference.engines.config import EngineProcessConfig
     from tx.inference.engines.embedded.config import EmbeddedEngineConfig
     from tx.inference.engines.vllm.config import VllmEngineConfig

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tx.config import EngineKindName
+from tx.config.names import EngineKindName
 from tx.inference.engines.kinds import engine_kind
 from tx.inference.launch.process import STARTUP_GRACE_S
 from tx.inference.launch.ray_actor import EngineActor

@@ -7,16 +7,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers.backend import WorkersBackend
 from tx.backends.torch.workers.messages import WorkerSpec
 from tx.backends.torch.workers.group import LocalWorkers, WorkerGroup, start_group
+from tx.config.sections import TrainerSection
 from tx.multimodal import ImageLimits
 
 
@@ -27,19 +26,19 @@ def create_workers_backend(
     device: str = "auto",
     image_limits: ImageLimits | None = None,
     threads: int = 0,
-    trainer: TrainerSettings | None = None,
+    trainer: TrainerSection | None = None,
     ray_options: Callable[[int], dict[str, Any]] | None = None,
 ) -> WorkersBackend:
     """`size` local worker processes (each with an equal share of the cores unless `threads` is set), or with
     `ray_options` (rank -> Ray actor options) `size` Ray actors (each with the CPUs its placement claims).
     `trainer`: the torch trainer's settings, which every worker applies."""
-    trainer = trainer or TrainerSettings()
+    trainer = trainer or TrainerSection()
     spec = WorkerSpec(
         world_size=size,
         models={name: str(path) for name, path in models.items()},
         device=device,
         threads=threads,
-        trainer=dataclasses.asdict(trainer),
+        trainer=trainer,
     )
     if ray_options is not None:
         from tx.backends.torch.workers.ray_workers import RayWorkers

@@ -18,6 +18,7 @@ from typing import IO, Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
+from tx.config.sections import TrainerSection
 from tx.types import (
     AdamParams,
     Chunk,
@@ -177,9 +178,7 @@ class WorkerSpec(BaseModel):
     models: dict[str, str]  # served name -> model directory (the same path on every node)
     device: str = "auto"  # as configured: auto, cpu, cuda, cuda:N
     threads: int = 0  # torch CPU threads; 0 = torch's default
-    trainer: dict[str, Any] = Field(
-        default_factory=dict
-    )  # TrainerSettings fields (dtype, micro-batch budget, ...)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)  # dtype, micro-batch budget, ...
 
 
 class Request(BaseModel):

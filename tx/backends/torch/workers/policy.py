@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 
-from tx.config import ShardBase
+from tx.config.names import ShardBase
 
 
 def shard_base(policy: ShardBase, path: Path, dtype: torch.dtype, device: torch.device, world_size: int) -> bool:

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from tx.backends.torch.workers import tensors
-from tx.backends.torch.settings import TrainerSettings
 from tx.backends.torch.workers.messages import (
     ErrorKind, Reply, Request, WireArray, WorkerSpec, read_frame, write_frame,
 )
@@ -46,7 +45,7 @@ class Worker:
         self.rank, self.world_size = rank, spec.world_size
         self.models = {name: Path(path) for name, path in spec.models.items()}
         self.device = torch.device(worker_device(spec.device, local_rank))
-        self.trainer = TrainerSettings(**spec.trainer)
+        self.trainer = spec.trainer
         if spec.threads:
             torch.set_num_threads(spec.threads)
         self._store: dist.TCPStore | None = None  # pyright: ignore[reportPrivateImportUsage]  (torch re-exports it without marking it)

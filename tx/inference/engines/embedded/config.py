@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tx.config import Dtype
+from tx.config.names import Dtype
 from tx.inference.engines.config import (
     CONFIG_ENV,
     CONFIG_FILE_ENV,

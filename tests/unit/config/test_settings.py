@@ -1,0 +1,85 @@
+"""Settings in sections, names flat: every flag and TX_* variable of the README's configuration tables sets the
+field of the section it belongs to, as `tx serve` and the environment always named them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tx.cli import build_parser
+from tx.config import Settings, flat_names
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def readme_names() -> tuple[set[str], set[str]]:
+    """(flags, variables) of the README's configuration tables: rows whose first cell is a flag or a dash."""
+    flags, variables = set(), set()
+    for line in README.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) > 2 and (cells[0].startswith("`--") or cells[0] == "—"):
+            flags |= set(re.findall(r"`(--[a-z0-9-]+)`", cells[0]))
+            variables |= set(re.findall(r"`(TX_[A-Z0-9_]+)`", cells[1]))
+    return flags, variables
+
+
+def serve_options() -> dict[str, str]:
+    """{option string: dest} of `tx serve`."""
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    return {option: action.dest for option, action in serve._option_string_actions.items()
+            if action.dest != "help"}
+
+
+def test_every_flag_and_variable_of_the_readme_still_exists() -> None:
+    flags, variables = readme_names()
+    assert len(flags) > 35 and len(variables) > 40  # the tables were found
+    assert flags - set(serve_options()) == set()
+    assert {v.removeprefix("TX_").lower() for v in variables} - set(flat_names()) == set()
+
+
+def test_every_flag_sets_a_field_and_flat_names_are_unique() -> None:
+    names = flat_names()
+    assert len(names) == len(set(names))
+    assert set(serve_options().values()) - set(names) == set()
+
+
+def test_flags_and_variables_land_in_their_sections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TX_TRAIN_DTYPE", "float16")
+    monkeypatch.setenv("TX_ENGINE_MAX_ADAPTERS", "3")
+    monkeypatch.setenv("TX_ASSET_HOSTS", '["images.example"]')
+    monkeypatch.setenv("TX_PORT", "9001")
+    args = build_parser().parse_args([
+        "serve", "--train-dtype", "bfloat16", "--trainer-workers", "2", "--engine", "vllm",
+        "--no-engine-colocate", "--sampler-versions-kept", "4", "--image-max-bytes", "100",
+        "--asset-root", str(tmp_path),
+    ])
+    settings = Settings(**{k: v for k, v in vars(args).items() if v is not None and k != "command"})
+    assert settings.port == 9001
+    assert (settings.trainer.dtype, settings.trainer.workers) == ("bfloat16", 2)  # the flag beats the variable
+    assert (settings.engines.kind, settings.engines.colocate) == ("vllm", False)
+    assert (settings.engines.versions_kept, settings.engines.max_adapters) == (4, 3)
+    assert settings.images.max_bytes == 100 and settings.images.asset_roots == [tmp_path]
+    assert settings.images.asset_hosts == ["images.example"]
+
+
+def test_bad_values_name_the_flat_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TX_ENGINE_SLEEP_LEVEL", "3")
+    with pytest.raises(ValueError, match="engine_sleep_level"):
+        Settings()
+    monkeypatch.delenv("TX_ENGINE_SLEEP_LEVEL")
+    with pytest.raises(ValueError, match="train_dtype"):
+        Settings(train_dtype="int8")
+    with pytest.raises(ValueError, match="Extra inputs"):
+        Settings(trian_dtype="float32")
+
+
+@pytest.mark.parametrize(("fields", "dtype"), [
+    ({"train_dtype": "bfloat16"}, "bfloat16"),
+    ({"device": "cpu", "engine_dtype": "float16"}, "float16"),
+    ({"device": "cpu"}, "float32"),
+])
+def test_engine_dtype_follows_the_trainer_unless_set(fields: dict, dtype: str) -> None:
+    settings = Settings(**fields)
+    assert settings.engines.resolved_dtype(settings.trainer) == dtype

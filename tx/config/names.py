@@ -1,0 +1,18 @@
+"""The names settings choose between, on the ground floor so that every component imports them from here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+EngineKindName = Literal["embedded", "vllm"]  # each kind's record: tx/inference/engines/kinds.py
+Dtype = Literal["float32", "bfloat16", "float16"]  # base weights' dtype; LoRA, AdamW, logprobs stay float32
+ShardBase = Literal["auto", "always", "never"]  # trainer workers: shard the frozen base with FSDP2?
+
+
+def default_train_dtype(device: str) -> Dtype:
+    """The trainer's default dtype for a `--device` value, without importing torch unless it is "auto"."""
+    if device == "auto":
+        import torch
+
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return "bfloat16" if device.startswith("cuda") else "float32"

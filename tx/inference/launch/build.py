@@ -1,0 +1,47 @@
+"""The launcher the settings ask for: engines as local child processes, or as Ray actors with `ray_address`.
+
+`build_launcher` reads the engines' section, and of the trainer's section what engines follow: its dtype
+(the engines' default) and its worker count (trainer ranks share the Ray placement group with the engines).
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from tx.config.sections import EngineSection, TrainerSection
+from tx.inference.launch.base import Launcher
+from tx.inference.launch.local import LocalLauncher
+
+
+def build_launcher(engines: EngineSection, trainer: TrainerSection, *, work_dir: Path, num_engines: int,
+                   colocate: bool) -> Launcher:
+    """`num_engines`: every engine tx starts, over all base models (the Ray placement group's size);
+    `colocate`: engines share the trainer's accelerator. The engines' secret is the external engines' when
+    given (so that one client talks to all), else a new one."""
+    secret = engines.secret_value() or secrets.token_urlsafe(32)
+    options = engine_options(engines, trainer)
+    if engines.ray_address is None:
+        return LocalLauncher(work_dir, secret, kind=engines.kind, max_adapters=engines.max_adapters, **options)
+    from tx.inference.launch.ray_launcher import RayLauncher
+    from tx.ray import connect, import_ray
+    from tx.ray.placement import PlacementSpec
+
+    address = None if engines.ray_address == "local" else engines.ray_address
+    connect(address)
+    use_gpu = import_ray().cluster_resources().get("GPU", 0) > 0
+    spec = PlacementSpec(num_engines=num_engines, tensor_parallel_size=engines.tensor_parallel_size,
+                         num_trainer_workers=trainer.workers if trainer.workers > 1 else 0,
+                         colocate=colocate and use_gpu, use_gpu=use_gpu)
+    return RayLauncher(spec, secret, engine=engines.kind, address=address, work_dir=work_dir,
+                       max_adapters=engines.max_adapters, **options)
+
+
+def engine_options(engines: EngineSection, trainer: TrainerSection) -> dict[str, Any]:
+    """The fields of the engine kind's config that the settings choose (`engines/kinds.py` lists each kind's)."""
+    options: dict[str, Any] = {"dtype": engines.resolved_dtype(trainer)}
+    if engines.kind == "vllm":
+        options.update(gpu_memory_utilization=engines.memory_share,
+                       extra_args=["--tensor-parallel-size", str(engines.tensor_parallel_size)])
+    return options
