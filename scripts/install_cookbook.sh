@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install tinker-cookbook 0.6.1 into the CURRENT Python environment (activate the venv first),
-# the way docs/cookbook.md §0 says works offline-ish:
+# the way docs/cookbook.md#installing-the-cookbook says works offline-ish:
 #   - `pip install tinker-cookbook==0.6.1` fails: it declares tml-renderers>=0.4.1, which the index
 #     lacks (and the recipes we run never import it). So: the wheel with --no-deps, then its other
 #     dependencies by hand.

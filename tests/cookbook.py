@@ -6,14 +6,17 @@ The pieces, shared by the cookbook tests (chat_sl, math_rl, vlm_classifier):
       <root>/hf/        HF_HOME: tiny random models + tokenizers under hub names (`tx models make-tiny`)
       <root>/runs/      TINKER_COOKBOOK_RUNS_DIR and the default home of `log_path`s
       <root>/<org>/<name>/   datasets as local folders: `datasets.load_dataset("<org>/<name>")` takes its
-                        local-directory branch when that relative path exists in the cwd (§1.3)
+                        local-directory branch when that relative path exists in the cwd
+                        (docs/cookbook.md#datasets-offline)
   `add_model(name)` files one more hub name; `dataset_dir(hub_id)` is where a dataset folder goes.
 - `start_tx_server(fixture, data_dir)`: `tx serve --base-model <each model>` with the SAME HF_HOME, so the
-  server and the cookbook load the same tokenizer by name (§1.2).
+  server and the cookbook load the same tokenizer by name
+  (docs/cookbook.md#tokenizers-and-models-offline).
 - `run_recipe(module, overrides, ...)`: `python -m <module> key=value ...` as a subprocess, stdin=/dev/null
-  (an interactive prompt fails fast, §1.4), cwd = fixture root, a hard timeout, output to a log file that
-  is printed (with the server log's tail) when it fails.
-- `RecipeRun.metrics()` / `.checkpoints()`: the rows of metrics.jsonl and checkpoints.jsonl (§1.6).
+  (an interactive prompt fails fast: docs/cookbook.md#pointing-a-recipe-at-tx), cwd = fixture root, a hard
+  timeout, output to a log file that is printed (with the server log's tail) when it fails.
+- `RecipeRun.metrics()` / `.checkpoints()`: the rows of metrics.jsonl and checkpoints.jsonl
+  (docs/cookbook.md#what-a-recipe-writes).
 
 Evaluation is whatever the overrides say: pass e.g. `eval_every=0` to keep a recipe from sampling, or a
 positive `eval_every` (and a test split) to turn its evaluators on.

@@ -1,4 +1,4 @@
-"""tinker-cookbook's chat_sl recipe, unchanged, against tx, offline (docs/cookbook.md, recipe a3).
+"""tinker-cookbook's chat_sl recipe, unchanged, against tx, offline (docs/cookbook.md#recipes-tx-runs).
 
 `python -m tinker_cookbook.recipes.chat_sl.train` trains a LoRA on a small conversations .jsonl for a few
 steps on the tiny model filed as `Qwen/Qwen3-8B`. The .jsonl dataset has no test split, so the recipe never

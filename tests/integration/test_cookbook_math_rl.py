@@ -1,4 +1,4 @@
-"""tinker-cookbook's math_rl recipe, unchanged, against tx, offline (docs/cookbook.md, recipe b3).
+"""tinker-cookbook's math_rl recipe, unchanged, against tx, offline (docs/cookbook.md#recipes-tx-runs).
 
 `python -m tinker_cookbook.recipes.math_rl.train env=arithmetic loss_fn=importance_sampling` runs two RL
 steps on the tiny model filed as `Qwen/Qwen3-8B`. The arithmetic env needs no dataset (random x+y problems

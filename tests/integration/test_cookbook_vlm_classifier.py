@@ -1,4 +1,4 @@
-"""tinker-cookbook's vlm_classifier recipe, unchanged, against tx, offline (docs/cookbook.md, recipe c).
+"""tinker-cookbook's vlm_classifier recipe, unchanged, against tx, offline (docs/cookbook.md#recipes-tx-runs).
 
 `python -m tinker_cookbook.recipes.vlm_classifier.train dataset=caltech101` fine-tunes a LoRA image
 classifier for two steps on the tiny Qwen3-VL filed as `Qwen/Qwen3-VL-30B-A3B-Instruct` (the cookbook maps
@@ -65,7 +65,7 @@ def write_caltech101_standin(dataset_dir: Path) -> dict[str, int]:
     """`data/{train,test}-00000-of-00001.parquet` with `image` (Image()) and `label` (ClassLabel) columns.
 
     `datasets.load_dataset("dpdl-benchmark/caltech101")` takes the local-directory branch when this folder is
-    at that relative path in the cwd (§1.3); the parquet keeps both features. Returns rows per split.
+    at that relative path in the cwd (docs/cookbook.md#datasets-offline); the parquet keeps both features. Returns rows per split.
     """
     import datasets
     import numpy as np

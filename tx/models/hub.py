@@ -2,8 +2,8 @@
 
 With `HF_HOME=<hf_home> HF_HUB_OFFLINE=1`, `AutoTokenizer.from_pretrained("Qwen/Qwen3-8B")` and
 `AutoModelForCausalLM.from_pretrained("Qwen/Qwen3-8B")` then load the tiny files by name. This is how tx and
-an unchanged tinker client (or tinker-cookbook recipe) find the same tokenizer offline (`docs/cookbook.md`
-§1.2). The layout is the hub cache's:
+an unchanged tinker client (or tinker-cookbook recipe) find the same tokenizer offline
+(docs/cookbook.md#tokenizers-and-models-offline). The layout is the hub cache's:
 
     <hf_home>/hub/models--Org--Name/refs/main            (a 40-hex commit-like string)
     <hf_home>/hub/models--Org--Name/snapshots/<commit>/  (config.json, model.safetensors, tokenizer.json, ...)

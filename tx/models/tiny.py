@@ -2,7 +2,7 @@
 
 Tests and benchmarks here cannot download a model, so they build one: a `Qwen3ForCausalLM` with random,
 seeded weights plus the synthetic tokenizer of `tx.models.tokenizer`. The presets follow
-`docs/tiny-models.md`: head_dim 32 or more (vLLM's CPU attention needs it) and, for the 64-wide model,
+docs/tiny-models.md#the-presets: head_dim 32 or more (vLLM's CPU attention needs it) and, for the 64-wide model,
 `initializer_range=0.1` so that LoRA can actually lower the NLL.
 """
 

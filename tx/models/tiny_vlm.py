@@ -1,11 +1,11 @@
 """A tiny random Qwen3-VL vision-language model, written to a directory like a hub snapshot.
 
 The image processor config is the one the tinker-cookbook computes its `expected_tokens` with for Qwen3-VL
-(`docs/cookbook.md` §1.2, §1.5): patch 16, merge 2, temporal patch 2, at least 65536 pixels after resizing,
+(docs/cookbook.md#images-and-their-token-counts): patch 16, merge 2, temporal patch 2, at least 65536 pixels after resizing,
 mean/std 0.5. So a 64x48 image is 70 tokens, 32x32 is 64 and 480x360 is 165, on the client and on the server.
 
 The language model has the shape of the text "tiny" preset (hidden 64, head_dim 32, `initializer_range=0.1`);
-the vision tower is 2 blocks of width 64 with head size 32, and no deepstack layers (`docs/tiny-models.md`).
+the vision tower is 2 blocks of width 64 with head size 32, and no deepstack layers (docs/tiny-models.md#vision-language-models).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 There is no model hub on these machines, so the tokenizer that tx and the tinker client share is a byte-level
 BPE trained with the `tokenizers` library on `corpus.training_corpus()`. Its pre-tokenizer, normalizer and
 decoder follow the Qwen2/Qwen3 tokenizer (digits are split one by one), and its special tokens are Qwen's, so
-the cookbook's Qwen renderers work with it (`docs/cookbook.md` §1.2). Ids: regular tokens first
+the cookbook's Qwen renderers work with it (docs/cookbook.md#tokenizers-and-models-offline). Ids: regular tokens first
 (0..NUM_REGULAR_TOKENS-1), then SPECIAL_TOKENS, then ADDED_TOKENS, in the order listed.
 
 Building twice gives byte-identical files: the server and the client must agree on every id.

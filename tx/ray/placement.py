@@ -1,6 +1,6 @@
 """Where engines and trainer workers go in a Ray placement group: pure logic, no Ray import.
 
-Layout (engines.md §7, after SkyRL and vLLM's RLHF examples):
+Layout (docs/engines.md#engines-on-ray; after SkyRL's and vLLM's RLHF examples):
 - One placement group of one-GPU bundles, `[{"GPU": 1, "CPU": c}] * n`, strategy PACK.
 - Colocated: trainer rank i and the engines share the same bundles; every actor claims a fraction of
   its bundle's GPU (`gpu_fraction`, 0.2 by default), so Ray places two of them on one GPU and gives

@@ -55,7 +55,7 @@ def test_pixel_cap_is_checked_before_decoding() -> None:
 
 @pytest.mark.parametrize("size, tokens", [((64, 48), 70), ((32, 32), 64), ((480, 360), 165), ((1, 1), 64)])
 def test_token_counts_match_the_cookbook(vlm_dir, size, tokens: int) -> None:
-    """cookbook.md §1.5: the client computes these with the Qwen3-VL processor settings."""
+    """docs/cookbook.md#images-and-their-token-counts: the client computes these with the Qwen3-VL processor settings."""
     processor = vision_processor(vlm_dir)
     assert processor.count_tokens(decode_image(encode((9, 9, 9), size), ImageLimits())) == tokens
 

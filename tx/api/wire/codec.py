@@ -1,6 +1,6 @@
 """Protobuf <-> domain: the forward_backward request, and the two results that travel as protobuf.
 
-Protocol §4.3: forward_backward bodies are `ForwardBackwardRequest` messages (optionally zstd),
+docs/wire-contract.md#protobuf-bodies: forward_backward bodies are `ForwardBackwardRequest` messages (optionally zstd),
 and `retrieve_future` must answer forward/forward_backward and sample results with serialized
 `ForwardBackwardOutput` / `SampleResponse`. Every number in a bytes field is little-endian:
 tokens int32, tensors in their DType, CSR indices and batched offsets int64.

@@ -1,4 +1,6 @@
-"""The asample JSON body (protocol §3.5) and the JSON forms of ModelInput and TensorData (§4.1, §4.2).
+"""The asample JSON body and the JSON forms of ModelInput and TensorData.
+
+See docs/wire-contract.md#the-sample-request and docs/wire-contract.md#model-inputs.
 
 Mirrors tinker 0.38.0's `SampleRequest`, `SamplingParams`, `ModelInput` chunks and `TensorData`.
 Images arrive base64-encoded; `tx/api/wire/convert.py` decodes them and builds domain types.

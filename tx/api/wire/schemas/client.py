@@ -14,7 +14,7 @@ class ClientConfigRequest(WireRequest):
 
 
 class ClientConfigResponse(WireResponse):
-    """Flags that steer the SDK (protocol §1.6). Defaults are tx's choices, not the SDK's."""
+    """Flags that steer the SDK (docs/wire-contract.md#bootstrap-and-client-flags). Defaults are tx's choices, not the SDK's."""
 
     pjwt_auth_enabled: bool = False
     credential_default_source: str = "api_key"
