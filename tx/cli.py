@@ -186,7 +186,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"tx serve: {exc}", file=sys.stderr)
             return 2
     app = create_app(settings)
-    logger.info("tx listening on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
+    logger.info("tx starting on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
     # On SIGTERM, open requests (SDK long-polls of retrieve_future hold one up to 30 s) get a moment to finish;
     # then the lifespan stops the trainer and the engines.
     uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75,
