@@ -18,7 +18,6 @@ CITATION = re.compile(r"(?<![\w/.])docs/([\w.-]+\.md)(#[\w-]+)?")
 OUTSIDE = re.compile(r"\.\./shared|/work/shared|shared/docs")
 NUMBERED = re.compile(r"(?:\.md|protocol)`?\s*§|§\s*\d")
 # Still cites a section by number; its engine-contract text moves into docs/engines.md (issue 18, item 7).
-NUMBERED_PENDING = {"tx/inference/protocol.py"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -70,7 +69,7 @@ def test_nothing_cites_docs_outside_the_repo_or_sections_by_number() -> None:
         for number, line in lines(path):
             if OUTSIDE.search(line):
                 found.append(f"{relative}:{number}: cites a path outside the repo")
-            if NUMBERED.search(line) and relative not in NUMBERED_PENDING:
+            if NUMBERED.search(line):
                 found.append(f"{relative}:{number}: cites a section by number (use docs/<page>.md#<section>)")
     assert not found, "\n".join(found)
 

@@ -56,14 +56,8 @@ def build_manager(engines: EngineSection, models: dict[str, Path], loop: asyncio
                   trainer_device: str, launcher: Launcher, colocate: bool,
                   externals: list[ExternalEngine] | None = None) -> EngineManager:
     """`trainer_device`: where the trainer runs (the backend's `training_device()`); it picks the weight
-    transport to each engine (gloo, NCCL, CUDA IPC). `externals`: engines started by someone else, checked.
-    The manager's own `EngineSettings` are read from the engines' section here, in one place."""
-    engine_settings = EngineSettings(
-        count=engines.managed_count(False), count_with_external=engines.managed_count(True),
-        colocate=colocate, sleep_level=engines.sleep_level, max_adapters=engines.max_adapters,
-        versions_kept=engines.versions_kept, trainer_device=trainer_device,
-        training_wait_s=engines.training_wait_s, probe_interval_s=engines.probe_interval_s,
-    )
+    transport to each engine (gloo, NCCL, CUDA IPC). `externals`: engines started by someone else, checked."""
+    engine_settings = EngineSettings.build(engines, colocate=colocate, trainer_device=trainer_device)
     manager = EngineManager(models, engine_settings, launcher, externals or [])
     manager.bind(loop)
     return manager

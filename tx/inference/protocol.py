@@ -1,7 +1,7 @@
 """The HTTP contract every inference engine serves (the embedded engine and tx's vLLM engine): its routes and
 their request and answer models. What each route means, its errors, the raw logprobs, pause modes, sleep
-levels, images and the weight transfer are written down in docs/engines.md#the-contract; bump `CONTRACT_VERSION`
-on any change an older engine would not understand.
+levels, images and the weight transfer: docs/engines.md#the-contract. Bump `CONTRACT_VERSION` on any change
+an older engine would not understand.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tx.config.sections import EngineSection
 from tx.inference.launch import EngineHandle
 from tx.inference.manager.external import ExternalEngine, ExternalHandle
 from tx.inference.manager.router import Router
@@ -41,6 +42,17 @@ class EngineSettings:
     training_wait_s: float = 5.0  # a colocated training pass waits this long for in-flight samples, then pauses them
     transfer_timeout_s: float = 120.0
     trainer_device: str = "cpu"  # where the trainer runs: cpu, cuda, cuda:N (picks the weight transport)
+
+    @classmethod
+    def build(cls, section: EngineSection, *, colocate: bool, trainer_device: str) -> EngineSettings:
+        """The manager's settings from the engines' section of the server's settings, with the two facts only
+        known at run time: whether engines share the trainer's accelerator, and where the trainer runs."""
+        return cls(
+            count=section.managed_count(False), count_with_external=section.managed_count(True),
+            colocate=colocate, sleep_level=section.sleep_level, max_adapters=section.max_adapters,
+            versions_kept=section.versions_kept, trainer_device=trainer_device,
+            training_wait_s=section.training_wait_s, probe_interval_s=section.probe_interval_s,
+        )
 
 
 @dataclass
