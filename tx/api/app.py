@@ -111,7 +111,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
         custom_losses=core.custom_losses, futures=futures_, manager=manager,
     )
-    return ctx, Runtime(store, backend, scheduler)
+    return ctx, Runtime(store, backend, scheduler, core.recorder)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -136,6 +136,7 @@ def create_app(settings: Settings) -> FastAPI:
                 runtime.backend.close()
                 logger.info("training and engines stopped")
             finally:
+                runtime.recorder.close()  # the last steps' metrics, before the store goes
                 runtime.store.close()
 
     app = FastAPI(title="tx", lifespan=lifespan)

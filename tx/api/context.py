@@ -14,6 +14,7 @@ from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.writer import CheckpointWriter
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
+from tx.core.run_metrics import MetricsRecorder
 from tx.core.runs import RunService
 from tx.core.sampling.samplers import Samplers
 from tx.core.sampling.service import SamplingService
@@ -56,3 +57,4 @@ class Runtime:
     store: Store
     backend: TrainingBackend
     scheduler: Scheduler
+    recorder: MetricsRecorder

@@ -13,6 +13,7 @@ from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.checkpoints.writer import CheckpointWriter, SamplerEngines
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
+from tx.core.run_metrics import MetricsRecorder
 from tx.core.runs import RunService
 from tx.core.sampling.samplers import Samplers
 from tx.core.scheduler import Scheduler
@@ -33,6 +34,7 @@ class Services:
     samplers: Samplers
     base_models: BaseModels
     custom_losses: CustomLosses
+    recorder: MetricsRecorder
 
 
 def build_services(store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
@@ -45,14 +47,16 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
     custom_losses = CustomLosses(store, futures, backend)
     runs = RunService(store, backend, futures, scheduler, catalog, base_models)
     sequencer = Sequencer(store, futures, scheduler)
+    recorder = MetricsRecorder(store.metrics)
     return Services(
         sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs]),
         runs=runs,
-        training=TrainingCalls(sequencer, backend, custom_losses, catalog, training_lease),
+        training=TrainingCalls(sequencer, backend, custom_losses, catalog, training_lease, recorder),
         sequencer=sequencer,
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept),
         catalog=catalog,
         samplers=Samplers(store, catalog, base_models, engines),
         base_models=base_models,
         custom_losses=custom_losses,
+        recorder=recorder,
     )

@@ -4,25 +4,29 @@ Each is checked at submission (`sequencing.py`) and runs on the training thread 
 from __future__ import annotations
 
 import functools
+import time
 
 from tx.backends.base import TrainingBackend
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import Future
 from tx.core.results import WeightsLoaded
+from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sequencing import Lease, Sequencer
-from tx.types import AdamParams, ForwardBackwardInput, ForwardBackwardResult
+from tx.types import AdamParams, ForwardBackwardInput, ForwardBackwardResult, OptimStepResult
 
 
 class TrainingCalls:
     def __init__(self, sequencer: Sequencer, backend: TrainingBackend, custom_losses: CustomLosses,
-                 catalog: CheckpointCatalog, training_lease: Lease | None = None) -> None:
+                 catalog: CheckpointCatalog, training_lease: Lease | None = None,
+                 recorder: MetricsRecorder | None = None) -> None:
         self.sequencer = sequencer
         self.backend = backend
         self.custom_losses = custom_losses
         self.catalog = catalog
         self._training_lease = training_lease  # held around each training pass
         self.trained_tokens = 0  # target tokens of every forward_backward (not forward-only) run
+        self.recorder = recorder  # per-step metrics for the console (None: not recorded)
 
     def forward_backward(self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput) -> Future:
         run = self.sequencer.store.get_run(model_id, owner)
@@ -32,9 +36,11 @@ class TrainingCalls:
         lease = None if batch.forward_only else self._training_lease
 
         def train() -> ForwardBackwardResult:
+            start = time.perf_counter()
             result = self.backend.forward_backward(model_id, batch)
             if not batch.forward_only:  # only the training thread writes it
                 self.trained_tokens += sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
+            self._measured(model_id, "forward" if batch.forward_only else "forward_backward", start, batch, result)
             return result
 
         check = functools.partial(self.backend.check_batch, run.base_model, batch)
@@ -42,10 +48,20 @@ class TrainingCalls:
 
     def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
         adam.validate()
-        return self.sequencer.submit(
-            owner, model_id, seq_id, "OptimStep", lambda: self.backend.optim_step(model_id, adam),
-            self._training_lease,
-        )
+
+        def step() -> OptimStepResult:
+            start = time.perf_counter()
+            result = self.backend.optim_step(model_id, adam)
+            self._measured(model_id, "optim_step", start, None, result)
+            return result
+
+        return self.sequencer.submit(owner, model_id, seq_id, "OptimStep", step, self._training_lease)
+
+    def _measured(self, model_id: str, kind: str, start: float, batch: ForwardBackwardInput | None,
+                  result: ForwardBackwardResult | OptimStepResult) -> None:
+        """Hand a finished call to the recorder (one queue put; it computes and writes on its own thread)."""
+        if self.recorder is not None:
+            self.recorder.record(Measured(model_id, kind, time.time(), time.perf_counter() - start, batch, result))
 
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
         """Legacy TrainingClient.load_state*: load a checkpoint into this existing run."""

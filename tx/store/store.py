@@ -15,7 +15,9 @@ from sqlalchemy import create_engine, delete, func, or_, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
+from tx.store.metrics import RunMetricsTable
 from tx.store.migrate import upgrade_to_head
+from tx.store.overview import Overview
 from tx.store.tables import (
     CheckpointRow,
     SamplingSessionRow,
@@ -57,6 +59,8 @@ class Store:
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         upgrade_to_head(engine)  # the schema is the migrations' (tx/store/migrate.py)
+        self.metrics = RunMetricsTable(self._sessions)
+        self.overview = Overview(self._sessions)
 
     @classmethod
     def from_url(cls, url: str) -> Store:

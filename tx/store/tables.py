@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -72,3 +72,20 @@ class SamplingSessionRow(Base):
     run_id: Mapped[str | None] = mapped_column(String(128))
     weights_dir: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RunMetricRow(Base):
+    """What one training call of a run measured (forward_backward, forward, optim_step): the console's curves.
+    Bounded per run: `tx/core/run_metrics.py` thins a run's oldest rows past its bound."""
+
+    __tablename__ = "run_metrics"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("training_runs.run_id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)  # the run's recorded calls, numbered from 1
+    step: Mapped[int] = mapped_column(Integer)  # the optimizer step the call belongs to, from 1
+    kind: Mapped[str] = mapped_column(String(32))  # forward_backward | forward | optim_step
+    finished: Mapped[float] = mapped_column(Float)  # unix seconds
+    seconds: Mapped[float] = mapped_column(Float)  # time on the trainer
+    tokens: Mapped[int] = mapped_column(Integer)  # target tokens of this call (0 for optim_step)
+    total_tokens: Mapped[int] = mapped_column(BigInteger)  # target tokens the run trained on so far
+    metrics: Mapped[dict] = mapped_column(JSON)  # name -> number (loss_per_token, grad_norm, ...)

@@ -39,6 +39,7 @@ class Core:
 
     def close(self) -> None:
         self.scheduler.stop(5)
+        self.service.recorder.close()
         self.store.close()
 
     async def done(self, future: Future, timeout_s: float = 10.0) -> Future:
