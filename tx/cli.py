@@ -40,6 +40,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
     p.add_argument("--max-json-bytes", type=int, help="largest body of any other route (default 4 MiB)")
+    p.add_argument("--console", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve the web console at /console (default: on)")
     p.add_argument("--engine", choices=get_args(EngineKindName), help="inference engine (default embedded)")
     p.add_argument("--engine-count", type=int,
                    help="engines tx starts per base model (default 1; 0 for a model with external engines)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from tx.api.auth import KeyChecker, OperatorChecker
+from tx.api.console_engines import EngineRates
 from tx.api.context import Context, Runtime
 from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
@@ -18,6 +19,8 @@ from tx.api.metrics import Metrics, MetricsMiddleware
 from tx.api.routes import (
     checkpoints,
     client,
+    console,
+    console_pages,
     custom_losses,
     downloads,
     futures,
@@ -33,6 +36,7 @@ from tx.backends import create_backend
 from tx.config import Settings
 from tx.config.sections import EngineSection
 from tx.core.checkpoints.downloads import DownloadSigner
+from tx.core.console import ConsoleViews
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import FutureRegistry
 from tx.core.sampling.service import SamplingService
@@ -110,6 +114,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
         sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, samplers=core.samplers,
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
         custom_losses=core.custom_losses, futures=futures_, manager=manager,
+        console=ConsoleViews(store, scheduler, futures_),
     )
     return ctx, Runtime(store, backend, scheduler, core.recorder)
 
@@ -144,9 +149,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.operator_checker = OperatorChecker(settings.api_keys, settings.operator_keys)
     app.state.metrics = metrics = Metrics()
     app.state.settings = settings
+    app.state.engine_rates = EngineRates()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
-    for module in (client, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads):
+    for module in (client, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads, console):
         app.include_router(module.router, prefix="/api/v1")
+    if settings.console:
+        app.include_router(console_pages.router)
     app.include_router(oai.router, prefix="/oai/api/v1")
     app.include_router(metrics_route.router)
     install_error_handlers(app, on_invalid=reject_seq_of_invalid_body)

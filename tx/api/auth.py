@@ -26,7 +26,7 @@ class KeyChecker:
         self._keys = [k.encode() for k in api_keys]
 
     def __call__(self, request: Request) -> Principal:
-        key = request.headers.get("x-api-key", "") or _bearer(request.headers.get("authorization", ""))
+        key = _key(request)
         if not key:
             raise HTTPException(401, "missing X-API-Key header (or Authorization: Bearer <key>)")
         if not key.startswith("tml-"):
@@ -44,14 +44,27 @@ class OperatorChecker:
         self._open = not api_keys
         self._keys = [k.encode() for k in operator_keys]
 
+    def is_operator_key(self, request: Request) -> bool:
+        """Whether the request carries one of the operator keys (the console then shows every tenant's rows)."""
+        key = _key(request)
+        return bool(key) and any(hmac.compare_digest(key.encode(), k) for k in self._keys)
+
+    def allows(self, request: Request) -> bool:
+        """Whether operator routes answer this request."""
+        return self._open or self.is_operator_key(request)
+
     def __call__(self, request: Request) -> None:
         if self._open:
             return
-        key = request.headers.get("x-api-key", "") or _bearer(request.headers.get("authorization", ""))
+        key = _key(request)
         if not key:
             raise HTTPException(401, "operator routes need an operator key (X-API-Key or Authorization: Bearer)")
         if not any(hmac.compare_digest(key.encode(), k) for k in self._keys):
             raise HTTPException(403, "this key is not an operator key (--operator-key / TX_OPERATOR_KEYS)")
+
+
+def _key(request: Request) -> str:
+    return request.headers.get("x-api-key", "") or _bearer(request.headers.get("authorization", ""))
 
 
 def _bearer(header: str) -> str:

@@ -12,6 +12,7 @@ from tx.config import Settings
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.writer import CheckpointWriter
+from tx.core.console import ConsoleViews
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
 from tx.core.run_metrics import MetricsRecorder
@@ -48,6 +49,7 @@ class Context:
     custom_losses: CustomLosses
     futures: FutureRegistry
     manager: EngineManager
+    console: ConsoleViews
 
 
 @dataclass

@@ -92,6 +92,7 @@ class Settings(BaseSettings):
         200 << 20, gt=0, description="Largest body of forward_backward and asample (batches, images)."
     )
     max_json_bytes: int = Field(4 << 20, gt=0, description="Largest body of any other route.")
+    console: bool = Field(True, description="Serve the web console at /console (its JSON routes stay on).")
     sampling_max_queue: int = Field(1024, ge=1, description="Samples in flight before asample answers 429.")
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="The trainer.")
     engines: EngineSection = Field(default_factory=EngineSection, description="The inference engines.")

@@ -160,6 +160,7 @@ def forward_metrics(batch: ForwardBackwardInput | None, result: ForwardBackwardR
             rl = rl_metrics(inputs, [out["logprobs"] for out in result.loss_fn_outputs], batch.loss_fn_config)
             denominator = rl.get("sampled_tokens", denominator)
             metrics.update(rl)
+    metrics["loss_weight"] = denominator  # what loss_per_token divides by: steps add these up
     metrics["loss_per_token"] = loss / denominator if denominator > 0 else math.nan
     return tokens, finite(metrics)
 

@@ -163,11 +163,11 @@ def view(row: SessionRow) -> SessionView:
         session_id=row.session_id, owner=row.owner, created_at=_utc(row.created_at),
         project_id=row.project_id or DEFAULT_PROJECT, display_name=row.display_name,
         user_metadata={str(k): str(v) for k, v in (row.user_metadata or {}).items()},
-        status=_status(row),
+        status=session_status(row),
     )
 
 
-def _status(row: SessionRow) -> SessionStatus:
+def session_status(row: SessionRow) -> SessionStatus:
     if row.finished_at is None:
         return SessionStatus("active")
     if row.finish_reason in ("success", "errored", "interrupted"):

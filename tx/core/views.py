@@ -57,7 +57,7 @@ class RunView:
         latest = latest or {}
         last, last_sampler = latest.get((row.run_id, "weights")), latest.get((row.run_id, "sampler_weights"))
         return cls(
-            run_id=row.run_id, owner=row.owner, base_model=row.base_model, lora=_lora(row),
+            run_id=row.run_id, owner=row.owner, base_model=row.base_model, lora=lora_of(row),
             last_request_time=_utc(row.last_request_time), corrupted=row.corrupted,
             user_metadata=row.user_metadata,
             last_checkpoint=CheckpointView.of(last) if last else None,
@@ -102,7 +102,7 @@ class RunViews:
         return ModelInfoView(run, self._base_model_info(run.base_model), self._tokenizer_ids[run.base_model])
 
 
-def _lora(row: TrainingRunRow) -> LoraConfig:
+def lora_of(row: TrainingRunRow) -> LoraConfig:
     known = {k: v for k, v in (row.lora_config or {}).items() if k in LoraConfig.__dataclass_fields__}
     return LoraConfig(**{"rank": row.lora_rank, **known})
 

@@ -62,6 +62,19 @@ class RunMetricsTable:
             return {row.run_id: RunTotals(row.seq, row.step, row.total_tokens, row.finished, int(rows))
                     for row, rows in db.execute(query)}
 
+    def last_values(self, run_ids: list[str], kind: str, name: str) -> dict[str, float]:
+        """Each run's metric `name` in its newest row of `kind`, where it has one."""
+        if not run_ids:
+            return {}
+        latest = (select(RunMetricRow.run_id, func.max(RunMetricRow.seq).label("seq"))
+                  .where(RunMetricRow.run_id.in_(run_ids), RunMetricRow.kind == kind)
+                  .group_by(RunMetricRow.run_id).subquery())
+        query = (select(RunMetricRow.run_id, RunMetricRow.metrics)
+                 .join(latest, (RunMetricRow.run_id == latest.c.run_id) & (RunMetricRow.seq == latest.c.seq)))
+        with self._tx() as db:
+            return {run_id: float(metrics[name]) for run_id, metrics in db.execute(query)
+                    if isinstance(metrics, dict) and isinstance(metrics.get(name), (int, float))}
+
     def newest(self, run_id: str) -> RunMetricRow | None:
         query = select(RunMetricRow).where(RunMetricRow.run_id == run_id).order_by(RunMetricRow.seq.desc()).limit(1)
         with self._tx() as db:

@@ -23,6 +23,7 @@ from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, User
 @dataclass(frozen=True)
 class TextChoice:
     text: str
+    tokens: list[int]  # the sampled token ids
     pieces: list[str]  # `text` split by token (empty strings where a token adds no text), for streaming
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
@@ -98,4 +99,4 @@ def _choice(tokenizer: Any, tokens: list[int], logprobs: list[float], stop_reaso
         pieces.append(text[done:upto] if upto > done else "")
         done = max(done, upto)
     finish = "stop" if stop_reason == StopReason.STOP else "length"
-    return TextChoice(text=text, pieces=pieces, logprobs=list(logprobs), finish_reason=finish)
+    return TextChoice(text=text, tokens=list(tokens), pieces=pieces, logprobs=list(logprobs), finish_reason=finish)

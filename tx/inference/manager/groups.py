@@ -59,6 +59,7 @@ class EngineSettings:
 class EngineSlot:
     name: str
     process: EngineHandle | None = None  # written by the supervisor only
+    restarts: int = 0  # processes of this slot replaced after a failure (written by the supervisor only)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held to start the process or load weights into it
 
     @property

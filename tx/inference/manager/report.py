@@ -23,7 +23,7 @@ async def describe_groups(groups: list[EngineGroup], client: InferenceClient,
 
 async def _describe_slot(slot: EngineSlot, client: InferenceClient, publisher: Publisher) -> dict[str, Any]:
     info: dict[str, Any] = {"name": slot.name, "adapters": list(publisher.held(slot).adapters), "pid": None, "alive": False,
-                            "external": slot.external}
+                            "external": slot.external, "restarts": slot.restarts}
     if isinstance(slot.process, ExternalHandle):  # started by someone else: up or down, and why
         info.update(state=slot.process.state, problem=slot.process.problem, rejoins=slot.process.rejoins)
     if (t := publisher.held(slot).transport) is not None:

@@ -65,6 +65,7 @@ class Supervisor:
         if slot.process is not None:
             logger.warning("engine %s (pid %s) is dead; restarting it", slot.name, slot.process.pid)
             self.restarts += 1
+            slot.restarts += 1
         self._forget(slot)
         slot.process = await self.launcher.start(slot.name, group.model_dir)
         self.client.engines[slot.name] = slot.process.url
@@ -80,6 +81,7 @@ class Supervisor:
                 if failed.alive:
                     await self.launcher.stop(failed)  # alive but failing: stop it before starting anew
                     self.restarts += 1
+                    slot.restarts += 1
                     self._forget(slot)
                     slot.process = None
             await self._start_unless_alive(group, slot)

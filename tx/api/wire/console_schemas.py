@@ -1,0 +1,177 @@
+"""JSON bodies of the web console's routes (/api/v1/console/...): tx's own, not the SDK's."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from tx.api.wire.schemas import WireRequest, WireResponse
+
+
+class ConsoleMe(WireResponse):
+    owner: str = Field(description="the key's owner id (a hash of the key): what runs and checkpoints list as owner")
+    operator: bool = Field(description="an operator key: the console lists every tenant's runs, sessions, checkpoints")
+    engines: bool = Field(description="whether this key may read the engines page (operator routes)")
+    base_models: list[str]
+
+
+class ConsoleRun(WireResponse):
+    run_id: str
+    session_id: str
+    owner: str
+    base_model: str
+    lora_rank: int
+    created_at: datetime
+    last_activity: datetime
+    state: str = Field(description="training | idle (loaded, quiet for a minute) | unloaded | corrupted")
+    queued: int = Field(description="calls waiting on the training thread")
+    steps: int = Field(description="optimizer steps recorded")
+    tokens: int = Field(description="target tokens trained on (forward_backward)")
+    last_loss: float | None = Field(description="loss per token of the newest forward_backward")
+
+
+class ConsoleRuns(WireResponse):
+    runs: list[ConsoleRun]
+    total: int
+
+
+class MetricPoint(WireResponse):
+    seq: int = Field(description="the run's recorded calls, numbered from 1")
+    step: int = Field(description="the optimizer step the call belongs to")
+    kind: str = Field(description="forward_backward | forward | optim_step")
+    finished: float = Field(description="unix seconds")
+    seconds: float = Field(description="time on the trainer")
+    tokens: int
+    total_tokens: int
+    metrics: dict[str, float]
+
+
+class RunMetrics(WireResponse):
+    run: ConsoleRun
+    points: list[MetricPoint]
+    last_seq: int = Field(description="ask again with after_seq=last_seq for what comes next")
+
+
+class ConsoleCheckpoint(WireResponse):
+    run_id: str
+    checkpoint_id: str
+    kind: str = Field(description="weights | sampler_weights | external_weights")
+    tinker_path: str
+    owner: str
+    created_at: datetime
+    size_bytes: int
+    expires_at: datetime | None
+    public: bool
+
+
+class ConsoleCheckpoints(WireResponse):
+    checkpoints: list[ConsoleCheckpoint]
+    total: int
+
+
+class ConsoleSession(WireResponse):
+    session_id: str
+    owner: str
+    created_at: datetime
+    last_heartbeat: datetime
+    display_name: str | None
+    status: str
+    reason: str | None
+    runs: int
+    samplers: int
+
+
+class ConsoleSessions(WireResponse):
+    sessions: list[ConsoleSession]
+    total: int
+
+
+class TimelineSpan(WireResponse):
+    request_id: str
+    kind: str
+    track: str = Field(description="the training run or sampler it belongs to")
+    submitted: float = Field(description="unix seconds")
+    started: float | None = Field(description="when it started running; null if it never ran")
+    finished: float
+    failed: bool
+
+
+class ConsoleSessionDetail(WireResponse):
+    session: ConsoleSession
+    run_ids: list[str]
+    sampler_ids: list[str]
+    spans: list[TimelineSpan]
+
+
+class ConsoleEngine(WireResponse):
+    name: str
+    state: str = Field(description="absent | starting | awake | asleep | down | external")
+    pid: int | None
+    url: str | None
+    weight_versions: list[str] = Field(description="the weight versions (adapters) it holds, oldest first")
+    running: int
+    waiting: int
+    generated_tokens: int
+    tokens_per_s: float | None = Field(description="generated tokens per second since the previous read")
+    restarts: int
+    transport: str | None
+    device: str | None
+    problem: str | None
+
+
+class ConsoleEngineGroup(WireResponse):
+    base_model: str
+    state: str
+    engines: list[ConsoleEngine]
+
+
+class ConsoleEngines(WireResponse):
+    groups: list[ConsoleEngineGroup]
+    restarts: int = Field(description="engine processes replaced after a failure, all groups")
+    gpu_memory: dict[str, int] | None = Field(description="free and total bytes of the trainer's GPU, if any")
+
+
+class PlaygroundModels(WireResponse):
+    base_models: list[str]
+    sampler_checkpoints: list[ConsoleCheckpoint] = Field(description="the caller's own sampler weights")
+
+
+class ChatTurn(WireRequest):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, Field(max_length=100_000)]
+
+
+class PlaygroundRequest(WireRequest):
+    model: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
+        description="a served base model, or a tinker:// path to sampler weights the key may read")
+    messages: Annotated[list[ChatTurn], Field(max_length=64)] | None = Field(
+        None, description="a chat, rendered with the model's chat template")
+    text: Annotated[str, Field(max_length=100_000)] | None = Field(None, description="raw text, tokenized")
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(max_length=32_768)] | None = Field(
+        None, description="raw token ids")
+    max_tokens: Annotated[int, Field(ge=1, le=1024)] = 32
+    temperature: Annotated[float, Field(ge=0, le=10)] = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Field(ge=-1, le=1_000_000)] = -1
+    seed: Annotated[int, Field(ge=0, lt=2**31)] | None = None
+    n: Annotated[int, Field(ge=1, le=8)] = 1
+    stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=8)] = []
+
+
+class SampledToken(WireResponse):
+    id: int
+    text: str = Field(description="the text this token adds")
+    logprob: float
+
+
+class PlaygroundSample(WireResponse):
+    text: str
+    tokens: list[SampledToken]
+    finish_reason: str = Field(description="stop | length")
+
+
+class PlaygroundResponse(WireResponse):
+    prompt_tokens: int
+    samples: list[PlaygroundSample]

@@ -1,0 +1,96 @@
+// The console's shell: sign-in with an API key, the navigation, and a hash router (#/runs, #/runs/<id>,
+// #/compare/<id>,<id>, #/checkpoints, #/sessions, #/sessions/<id>, #/engines, #/playground).
+// A page's `render(main, ctx, ...args)` fills `main` and may return a function that stops its timers.
+// Once a page has drawn its data, body[data-ready] names it; window.txReadyMs holds the time from the
+// navigation's start to the first page drawn (what the load-time test reads).
+
+import { api, apiKey, setKey, ApiError } from "./api.js";
+import { h, clear, short } from "./dom.js";
+import * as runs from "./runs.js";
+import * as checkpoints from "./checkpoints.js";
+import * as sessions from "./sessions.js";
+import * as engines from "./engines.js";
+import * as playground from "./playground.js";
+
+const ROUTES = [
+  [/^#\/runs\/(.+)$/, "runs", runs.renderRun],
+  [/^#\/compare\/(.+)$/, "runs", runs.renderCompare],
+  [/^#\/checkpoints$/, "checkpoints", checkpoints.render],
+  [/^#\/sessions\/(.+)$/, "sessions", sessions.renderSession],
+  [/^#\/sessions$/, "sessions", sessions.render],
+  [/^#\/engines$/, "engines", engines.render],
+  [/^#\/playground$/, "playground", playground.render],
+  [/^.*$/, "runs", runs.render],
+];
+const main = document.getElementById("main");
+let stop = null;
+let me = null;
+
+export function ready(page) {
+  if (window.txReadyMs === undefined) window.txReadyMs = performance.now();
+  document.body.dataset.ready = page;
+}
+
+function signIn(message) {
+  clear(document.getElementById("nav")); clear(document.getElementById("who"));
+  const input = h("input", { type: "password", id: "api-key", placeholder: "tml-…", autocomplete: "off" });
+  const error = h("p", { class: "error", id: "signin-error" }, message || "");
+  const form = h("form", { class: "panel signin", id: "signin" },
+    h("h1", {}, "Sign in"), h("p", { class: "muted" }, "Your tx API key (the one your scripts use as TINKER_API_KEY). " +
+      "It stays in this browser tab."), input, h("button", { class: "primary", type: "submit" }, "Sign in"), error);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    setKey(input.value.trim());
+    await start();
+  });
+  clear(main).append(form);
+  input.focus();
+  ready("signin");
+}
+
+function shell() {
+  const nav = clear(document.getElementById("nav"));
+  const pages = [["runs", "Runs"], ["checkpoints", "Checkpoints"], ["sessions", "Sessions"]];
+  if (me.engines) pages.push(["engines", "Engines"]);
+  pages.push(["playground", "Playground"]);
+  for (const [id, label] of pages) nav.append(h("a", { href: `#/${id}`, id: `nav-${id}` }, label));
+  const who = clear(document.getElementById("who"));
+  who.append(h("span", { title: me.owner }, `key ${short(me.owner, 8)}`), me.operator ? h("span", { class: "pill public" }, "operator") : "",
+    h("button", { id: "sign-out", onclick: () => { setKey(null); me = null; signIn(); } }, "Sign out"));
+}
+
+async function route() {
+  if (!me) return;
+  if (stop) { stop(); stop = null; }
+  delete document.body.dataset.ready;
+  const hash = location.hash || "#/runs";
+  for (const [pattern, page, render] of ROUTES) {
+    const match = hash.match(pattern);
+    if (!match) continue;
+    for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.id === `nav-${page}`);
+    clear(main);
+    try {
+      stop = (await render(main, { me, ready: () => ready(page) }, ...match.slice(1).map(decodeURIComponent))) || null;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) return signIn("That key was refused: " + error.detail);
+      main.append(h("p", { class: "error" }, String(error.message || error)));
+      ready(page);
+    }
+    return;
+  }
+}
+
+async function start() {
+  if (!apiKey()) return signIn();
+  try {
+    me = await api("/console/me");
+  } catch (error) {
+    setKey(null);
+    return signIn(error instanceof ApiError ? `Sign-in failed (${error.status}): ${error.detail}` : String(error));
+  }
+  shell();
+  await route();
+}
+
+window.addEventListener("hashchange", route);
+start();

@@ -1,0 +1,168 @@
+// Runs: the list (live), one run's curves (live), and several runs overlaid.
+
+import { api, enc } from "./api.js";
+import { h, clear, fmtNum, fmtInt, ago, short, pill } from "./dom.js";
+import { lineChart, COLORS } from "./plot.js";
+
+const LIST_EVERY_MS = 3000, CURVES_EVERY_MS = 2000;
+
+export async function render(main, ctx) {
+  const selected = new Set();
+  const compare = h("button", { id: "compare", disabled: true, onclick: () => { location.hash = `#/compare/${[...selected].map(enc).join(",")}`; } }, "Compare selected");
+  const body = h("tbody");
+  const total = h("span", { class: "muted" });
+  main.append(h("div", { class: "row" }, h("h1", {}, "Training runs"), total, compare),
+    h("table", { id: "runs" }, h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "run"), h("th", {}, "base model"),
+      h("th", { class: "num" }, "rank"), ctx.me.operator ? h("th", {}, "owner") : "", h("th", {}, "state"),
+      h("th", { class: "num" }, "steps"), h("th", { class: "num" }, "tokens"), h("th", { class: "num" }, "loss/token"),
+      h("th", {}, "last activity"))), body));
+  async function refresh() {
+    const data = await api("/console/runs?limit=200");
+    total.textContent = `${data.total} run${data.total === 1 ? "" : "s"}`;
+    clear(body);
+    if (!data.runs.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No runs yet: create one with the tinker SDK.")));
+    for (const run of data.runs) {
+      const box = h("input", { type: "checkbox", checked: selected.has(run.run_id), onchange: (e) => {
+        if (e.target.checked) selected.add(run.run_id); else selected.delete(run.run_id);
+        compare.disabled = selected.size < 2;
+      } });
+      body.append(h("tr", { dataset: { run: run.run_id } }, h("td", {}, box),
+        h("td", { class: "mono" }, h("a", { href: `#/runs/${enc(run.run_id)}` }, run.run_id)),
+        h("td", {}, run.base_model), h("td", { class: "num" }, run.lora_rank),
+        ctx.me.operator ? h("td", { class: "mono", title: run.owner }, short(run.owner, 8)) : "",
+        h("td", {}, pill(run.state)), h("td", { class: "num steps" }, fmtInt(run.steps)), h("td", { class: "num" }, fmtInt(run.tokens)),
+        h("td", { class: "num" }, fmtNum(run.last_loss)), h("td", { title: run.last_activity }, ago(run.last_activity))));
+    }
+  }
+  await refresh();
+  ctx.ready();
+  const timer = setInterval(() => refresh().catch(() => {}), LIST_EVERY_MS);
+  return () => clearInterval(timer);
+}
+
+// One run's recorded calls, grown by polling with after_seq.
+class Curves {
+  constructor(runId) { this.runId = runId; this.points = []; this.lastSeq = 0; this.run = null; }
+  async poll() {
+    const data = await api(`/console/runs/${enc(this.runId)}/metrics?after_seq=${this.lastSeq}`);
+    this.run = data.run;
+    const grew = data.points.length > 0;
+    this.points.push(...data.points);
+    this.lastSeq = data.last_seq;
+    return grew;
+  }
+}
+
+// {name: [[step, value]]} per chart, from the recorded calls: a step's forward_backward calls are summed
+// (loss per token = their loss over their weight), its optim_step gives grad norm and learning rate.
+export function seriesOf(points, xMode) {
+  const steps = new Map();
+  const t0 = points.length ? points[0].finished : 0;
+  for (const p of points) {
+    let s = steps.get(p.step);
+    if (!s) steps.set(p.step, s = { step: p.step, loss: 0, weight: 0, evalLoss: 0, evalWeight: 0, tokens: 0, seconds: 0, rl: {}, rlN: 0, other: {} });
+    s.seconds += p.seconds;
+    s.end = p.finished;
+    const m = p.metrics;
+    if (p.kind === "forward_backward") {
+      s.loss += m.loss_sum ?? 0; s.weight += m.loss_weight ?? 0; s.tokens += p.tokens;
+      for (const k of ["ratio_mean", "kl_sampler_trainer", "clip_fraction", "advantage_abs_mean", "advantage_mean"]) {
+        if (k in m) s.rl[k] = (s.rl[k] || 0) + m[k];
+      }
+      if ("ratio_mean" in m) s.rlN += 1;
+      for (const [k, v] of Object.entries(m)) if (k.includes(":") || k.startsWith("custom/")) s.other[k] = v;
+    } else if (p.kind === "forward") {
+      s.evalLoss += m.loss_sum ?? 0; s.evalWeight += m.loss_weight ?? 0;
+    } else {
+      if ("grad_norm" in m) s.gradNorm = m.grad_norm;
+      if ("learning_rate" in m) s.lr = m.learning_rate;
+      for (const [k, v] of Object.entries(m)) if (k !== "grad_norm" && k !== "learning_rate") s.other[k] = v;
+    }
+  }
+  const out = { loss: [], evalLoss: [], gradNorm: [], lr: [], tokensPerS: [], stepTime: [], wall: [], rl: {}, other: {} };
+  let prevEnd = null;
+  for (const s of [...steps.values()].sort((a, b) => a.step - b.step)) {
+    const x = xMode === "time" ? (s.end - t0) / 60 : s.step;
+    if (s.weight > 0) out.loss.push([x, s.loss / s.weight]);
+    if (s.evalWeight > 0) out.evalLoss.push([x, s.evalLoss / s.evalWeight]);
+    if (s.gradNorm !== undefined) out.gradNorm.push([x, s.gradNorm]);
+    if (s.lr !== undefined) out.lr.push([x, s.lr]);
+    if (s.tokens > 0 && s.seconds > 0) out.tokensPerS.push([x, s.tokens / s.seconds]);
+    out.stepTime.push([x, s.seconds]);
+    if (prevEnd !== null) out.wall.push([x, s.end - prevEnd]);
+    prevEnd = s.end;
+    for (const [k, v] of Object.entries(s.rl)) (out.rl[k] ||= []).push([x, v / Math.max(1, s.rlN)]);
+    for (const [k, v] of Object.entries(s.other)) (out.other[k] ||= []).push([x, v]);
+  }
+  return out;
+}
+
+const RL_CHARTS = [["ratio_mean", "importance ratio exp(logp − q)", "ratio"], ["kl_sampler_trainer", "KL(sampler ‖ trainer), k1", "nats/token"],
+  ["clip_fraction", "clipped share", "fraction"], ["advantage_abs_mean", "mean |advantage|", "advantage"]];
+
+function charts(runs, opts) {
+  // runs: [{name, series}] -> chart elements, one series per run on each chart
+  const xLabel = opts.x === "time" ? "minutes since the first call" : "step";
+  const many = runs.length > 1;
+  const make = (title, unit, pick, log = false) => lineChart({ title, unit, xLabel, log, smoothing: opts.smoothing,
+    series: runs.flatMap((r, i) => pick(r.series).map(([suffix, points]) => ({ name: many ? `${r.name}${suffix}` : (suffix.trim() || title), color: COLORS[(i * 2 + (suffix ? 1 : 0)) % COLORS.length], points }))) });
+  const out = [
+    make("loss per token", "nats/token", (s) => [["", s.loss], ...(s.evalLoss.length ? [[" (forward)", s.evalLoss]] : [])], opts.log),
+    make("grad norm", "L2, before clipping", (s) => [["", s.gradNorm]]),
+    make("learning rate", "per step", (s) => [["", s.lr]]),
+    make("training throughput", "tokens/s on the trainer", (s) => [["", s.tokensPerS]]),
+    make("step time", "s on the trainer", (s) => [["", s.stepTime]]),
+    make("time between steps", "s, wall clock", (s) => [["", s.wall]]),
+  ];
+  for (const [key, title, unit] of RL_CHARTS) {
+    if (runs.some((r) => r.series.rl[key])) out.push(make(title, unit, (s) => [["", s.rl[key] || []]]));
+  }
+  const others = new Set(runs.flatMap((r) => Object.keys(r.series.other)));
+  for (const key of [...others].sort()) out.push(make(key, "as the loss reported it", (s) => [["", s.other[key] || []]]));
+  return out;
+}
+
+function controls(opts, redraw) {
+  const smoothing = h("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: opts.smoothing, id: "smoothing" });
+  const value = h("span", { class: "mono" }, opts.smoothing.toFixed(2));
+  smoothing.addEventListener("input", () => { opts.smoothing = Number(smoothing.value); value.textContent = opts.smoothing.toFixed(2); redraw(); });
+  const log = h("input", { type: "checkbox", checked: opts.log, id: "log-loss", onchange: (e) => { opts.log = e.target.checked; redraw(); } });
+  const x = h("select", { id: "x-axis", onchange: (e) => { opts.x = e.target.value; redraw(); } }, h("option", { value: "step" }, "step"), h("option", { value: "time" }, "time"));
+  return h("div", { class: "row panel" }, h("label", {}, "smoothing ", smoothing, " ", value), h("label", {}, log, " log scale for loss"), h("label", {}, "x axis ", x));
+}
+
+export async function renderRun(main, ctx, runId) {
+  const curves = new Curves(runId);
+  await curves.poll();
+  const opts = { smoothing: 0.6, log: true, x: "step" };
+  const info = h("div", { class: "panel mono", id: "run-info" });
+  const grid = h("div", { class: "grid", id: "charts" });
+  const redraw = () => {
+    const r = curves.run;
+    clear(info).append(h("div", { class: "row" }, h("strong", {}, r.run_id), pill(r.state), h("span", {}, r.base_model),
+      h("span", {}, `rank ${r.lora_rank}`), h("span", { id: "run-steps" }, `${fmtInt(r.steps)} steps`), h("span", {}, `${fmtInt(r.tokens)} tokens`),
+      h("span", { class: "muted" }, `session ${short(r.session_id, 12)}`), h("a", { href: `#/sessions/${enc(r.session_id)}` }, "timeline")));
+    clear(grid).append(...charts([{ name: runId, series: seriesOf(curves.points, opts.x) }], opts));
+    grid.dataset.calls = String(curves.points.length);
+  };
+  main.append(h("h1", {}, "Run"), info, controls(opts, redraw), grid);
+  redraw();
+  ctx.ready();
+  const timer = setInterval(async () => { try { if (await curves.poll()) redraw(); } catch { /* next time */ } }, CURVES_EVERY_MS);
+  return () => clearInterval(timer);
+}
+
+export async function renderCompare(main, ctx, ids) {
+  const all = ids.split(",").map((id) => new Curves(id));
+  await Promise.all(all.map((c) => c.poll()));
+  const opts = { smoothing: 0.6, log: true, x: "step" };
+  const grid = h("div", { class: "grid", id: "charts" });
+  const redraw = () => clear(grid).append(...charts(all.map((c) => ({ name: short(c.runId, 24), series: seriesOf(c.points, opts.x) })), opts));
+  main.append(h("h1", {}, `Comparing ${all.length} runs`), controls(opts, redraw), grid);
+  redraw();
+  ctx.ready();
+  const timer = setInterval(async () => {
+    try { if ((await Promise.all(all.map((c) => c.poll()))).some(Boolean)) redraw(); } catch { /* next time */ }
+  }, CURVES_EVERY_MS);
+  return () => clearInterval(timer);
+}
