@@ -33,8 +33,9 @@ def open_tinker_sessions() -> list[str]:
     holder_class = getattr(sys.modules.get("tinker.lib.internal_client_holder"), "InternalClientHolder", None)
     if holder_class is None:
         return []
+    # type(), not isinstance(): isinstance reads __class__, which raises ReferenceError on a dead weakref.proxy
     return [f"{holder._session_id} at {holder._base_url}" for holder in gc.get_objects()
-            if isinstance(holder, holder_class)
+            if issubclass(type(holder), holder_class)
             and holder._session_heartbeat_task is not None and not holder._session_heartbeat_task.done()]
 
 

@@ -25,6 +25,7 @@ const ROUTES = [
 const main = document.getElementById("main");
 let stop = null;
 let me = null;
+const ME = "tx.console.me";
 
 export function ready(page) {
   if (window.txReadyMs === undefined) window.txReadyMs = performance.now();
@@ -40,6 +41,7 @@ function signIn(message) {
       "It stays in this browser tab."), input, h("button", { class: "primary", type: "submit" }, "Sign in"), error);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    sessionStorage.removeItem(ME);
     setKey(input.value.trim());
     await start();
   });
@@ -56,7 +58,7 @@ function shell() {
   for (const [id, label] of pages) nav.append(h("a", { href: `#/${id}`, id: `nav-${id}` }, label));
   const who = clear(document.getElementById("who"));
   who.append(h("span", { title: me.owner }, `key ${short(me.owner, 8)}`), me.operator ? h("span", { class: "pill public" }, "operator") : "",
-    h("button", { id: "sign-out", onclick: () => { setKey(null); me = null; signIn(); } }, "Sign out"));
+    h("button", { id: "sign-out", onclick: () => { setKey(null); sessionStorage.removeItem(ME); me = null; signIn(); } }, "Sign out"));
 }
 
 async function route() {
@@ -82,11 +84,20 @@ async function route() {
 
 async function start() {
   if (!apiKey()) return signIn();
-  try {
-    me = await api("/console/me");
-  } catch (error) {
-    setKey(null);
-    return signIn(error instanceof ApiError ? `Sign-in failed (${error.status}): ${error.detail}` : String(error));
+  const fresh = api("/console/me");  // who this key is; the copy kept from the last load draws the page meanwhile
+  const kept = sessionStorage.getItem(ME);
+  if (kept) {
+    me = JSON.parse(kept);
+    fresh.then((latest) => { if (JSON.stringify(latest) !== kept) { sessionStorage.setItem(ME, JSON.stringify(latest)); me = latest; shell(); route(); } },
+      (error) => { if (error instanceof ApiError && error.status === 401) { setKey(null); signIn("That key was refused: " + error.detail); } });
+  } else {
+    try {
+      me = await fresh;
+    } catch (error) {
+      setKey(null);
+      return signIn(error instanceof ApiError ? `Sign-in failed (${error.status}): ${error.detail}` : String(error));
+    }
+    sessionStorage.setItem(ME, JSON.stringify(me));
   }
   shell();
   await route();

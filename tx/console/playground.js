@@ -4,10 +4,12 @@
 import { api } from "./api.js";
 import { h, clear, fmtNum } from "./dom.js";
 
+export const FLOOR = -8;  // logprobs at or below this are all red
+
 export function colorOf(logprob) {
-  // probability 1 -> green, 0.5 -> yellow, ~0 -> red (hue 120 -> 0)
-  const p = Math.exp(Math.max(-20, Math.min(0, logprob)));
-  return `hsl(${Math.round(120 * p)}, 75%, 82%)`;
+  // linear in logprob: 0 (probability 1) green, FLOOR/2 yellow, FLOOR and below red (hue 120 -> 0)
+  const t = Math.max(0, Math.min(1, 1 - logprob / FLOOR));
+  return `hsl(${Math.round(120 * t)}, 75%, 82%)`;
 }
 
 export async function render(main, ctx) {
@@ -60,8 +62,8 @@ export async function render(main, ctx) {
       h("div", { class: "params" }, Object.entries(params).map(([k, f]) => label(k.replace("_", " "), f))), label("stop", stop),
       h("p", {}, go), error),
     h("div", {}, h("div", { class: "panel muted" }, "token colour: probability of the sampled token ",
-      h("span", { class: "scale" }, [-6, -3, -1.5, -0.7, -0.3, -0.05].map((lp) => h("span", { style: `background:${colorOf(lp)}`, title: `logprob ${lp}` }))),
-      " low → high; hover a token for its id and logprob"), out)));
+      h("span", { class: "scale" }, [-8, -6.4, -4.8, -3.2, -1.6, 0].map((lp) => h("span", { style: `background:${colorOf(lp)}`, title: `logprob ${lp}` }))),
+      " logprob ≤ −8 → 0; hover a token for its id, logprob and probability"), out)));
   ctx.ready();
 }
 

@@ -46,10 +46,15 @@ class Curves {
   async poll() {
     const data = await api(`/console/runs/${enc(this.runId)}/metrics?after_seq=${this.lastSeq}`);
     this.run = data.run;
-    const grew = data.points.length > 0;
-    this.points.push(...data.points);
+    const c = data.calls, names = Object.keys(c.metrics);
+    for (let i = 0; i < c.seq.length; i++) {
+      const metrics = {};
+      for (const name of names) if (c.metrics[name][i] !== null) metrics[name] = c.metrics[name][i];
+      this.points.push({ seq: c.seq[i], step: c.step[i], kind: c.kind[i], finished: c.finished[i], seconds: c.seconds[i],
+        tokens: c.tokens[i], total_tokens: c.total_tokens[i], metrics });
+    }
     this.lastSeq = data.last_seq;
-    return grew;
+    return c.seq.length > 0;
   }
 }
 

@@ -16,10 +16,10 @@ from tx.core.scheduler import Scheduler
 from tx.core.sessions import SessionStatus, session_status
 from tx.core.timeline import Span
 from tx.core.views import CheckpointView, lora_of
-from tx.store.metrics import RunTotals
+from tx.store.metrics import MetricPoint, RunTotals
 from tx.store.overview import Scope
 from tx.store.store import Store
-from tx.store.tables import RunMetricRow, SessionRow, TrainingRunRow
+from tx.store.tables import SessionRow, TrainingRunRow
 from tx.types import LoraConfig
 
 ACTIVE_S = 60.0  # a loaded run that did something this recently is "training", else "idle"
@@ -79,7 +79,7 @@ class ConsoleViews:
         return self._summary(row, self._store.metrics.totals([run_id]).get(run_id),
                              self._last_losses([row]).get(run_id))
 
-    def metrics(self, scope: Scope, run_id: str, after_seq: int, limit: int) -> list[RunMetricRow]:
+    def metrics(self, scope: Scope, run_id: str, after_seq: int, limit: int) -> list[MetricPoint]:
         """The run's recorded calls after `after_seq` (the console polls with the last seq it holds)."""
         self._store.overview.run(scope, run_id)
         return self._store.metrics.since(run_id, after_seq, min(limit, MAX_POINTS))

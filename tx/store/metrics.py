@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,6 +18,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from tx.store.tables import RunMetricRow
 
 DELETE_CHUNK = 500  # seq values per DELETE ... IN (...)
+
+
+class MetricPoint(NamedTuple):
+    """One row of `run_metrics`, without its run id."""
+
+    seq: int
+    step: int
+    kind: str
+    finished: float
+    seconds: float
+    tokens: int
+    total_tokens: int
+    metrics: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -43,12 +57,13 @@ class RunMetricsTable:
         with self._tx() as db:
             db.add_all(rows)
 
-    def since(self, run_id: str, after_seq: int, limit: int) -> list[RunMetricRow]:
-        """The run's rows after `after_seq`, oldest first, at most `limit`."""
-        query = (select(RunMetricRow).where(RunMetricRow.run_id == run_id, RunMetricRow.seq > after_seq)
-                 .order_by(RunMetricRow.seq).limit(limit))
+    def since(self, run_id: str, after_seq: int, limit: int) -> list[MetricPoint]:
+        """The run's rows after `after_seq`, oldest first, at most `limit` (plain tuples: a page holds thousands)."""
+        c = RunMetricRow
+        query = (select(c.seq, c.step, c.kind, c.finished, c.seconds, c.tokens, c.total_tokens, c.metrics)
+                 .where(c.run_id == run_id, c.seq > after_seq).order_by(c.seq).limit(limit))
         with self._tx() as db:
-            return list(db.scalars(query))
+            return [MetricPoint(*row) for row in db.execute(query)]
 
     def totals(self, run_ids: list[str]) -> dict[str, RunTotals]:
         """Each run's newest row's counters, and how many rows it keeps, in one query."""

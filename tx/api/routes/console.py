@@ -22,7 +22,7 @@ from tx.api.wire.console_schemas import (
     ConsoleSession,
     ConsoleSessionDetail,
     ConsoleSessions,
-    MetricPoint,
+    MetricColumns,
     PlaygroundModels,
     PlaygroundRequest,
     PlaygroundResponse,
@@ -34,6 +34,7 @@ from tx.api.wire.console_schemas import (
 from tx.core.console import RunSummary, SessionSummary
 from tx.core.sampling.text import TextResult
 from tx.core.views import CheckpointView
+from tx.store.metrics import MetricPoint
 from tx.store.overview import Scope
 from tx.types import SamplingParams, UserError
 
@@ -66,9 +67,7 @@ async def run_metrics(run_id: str, request: Request, ctx: Ctx, caller: Caller,
     scope = scope_of(request, caller.owner)
     run = await asyncio.to_thread(ctx.console.run, scope, run_id)
     rows = await asyncio.to_thread(ctx.console.metrics, scope, run_id, after_seq, limit)
-    points = [MetricPoint(seq=r.seq, step=r.step, kind=r.kind, finished=r.finished, seconds=r.seconds,
-                          tokens=r.tokens, total_tokens=r.total_tokens, metrics=r.metrics) for r in rows]
-    return RunMetrics(run=_run(run), points=points, last_seq=rows[-1].seq if rows else after_seq)
+    return RunMetrics(run=_run(run), calls=_columns(rows), last_seq=rows[-1].seq if rows else after_seq)
 
 
 @router.get("/checkpoints")
@@ -120,6 +119,21 @@ async def playground_sample(body: PlaygroundRequest, ctx: Ctx, caller: Caller) -
         prompt = body.text if body.text is not None else list(body.tokens or [])
         result = await ctx.text.complete(caller.owner, body.model, prompt, params, body.n)
     return _samples(result)
+
+
+def _columns(rows: list[MetricPoint]) -> MetricColumns:
+    """Columns instead of objects: a 1,000-step run's page is about a third of the bytes, and quicker to build."""
+    names = sorted({name for row in rows for name in row.metrics})
+    return MetricColumns(
+        seq=[r.seq for r in rows], step=[r.step for r in rows], kind=[r.kind for r in rows],
+        finished=[round(r.finished, 3) for r in rows], seconds=[_short(r.seconds) for r in rows],
+        tokens=[r.tokens for r in rows], total_tokens=[r.total_tokens for r in rows],
+        metrics={name: [_short(v) if (v := r.metrics.get(name)) is not None else None for r in rows] for name in names},
+    )
+
+
+def _short(value: float) -> float:
+    return float(f"{value:.6g}")
 
 
 def _samples(result: TextResult) -> PlaygroundResponse:

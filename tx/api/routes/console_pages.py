@@ -7,6 +7,7 @@ host, no inline script or style, no frames.
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -21,6 +22,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "Cache-Control": "no-cache"}
+FOREVER = {**HEADERS, "Cache-Control": "public, max-age=31536000, immutable"}
 
 router = APIRouter(include_in_schema=False)
 
@@ -34,10 +36,19 @@ def asset(name: str) -> tuple[bytes, str]:
     return path.read_bytes(), TYPES[path.suffix]
 
 
+@lru_cache(maxsize=1)
+def version() -> str:
+    """A digest of every asset: the page names its assets under it, so a browser keeps them until tx changes."""
+    digest = hashlib.sha256()
+    for path in sorted(ASSETS.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 @router.get("/console")
 async def page() -> Response:
     body, media_type = asset("index.html")
-    return Response(body, media_type=media_type, headers=HEADERS)
+    return Response(body.replace(b"__VERSION__", version().encode()), media_type=media_type, headers=HEADERS)
 
 
 @router.get("/console/")
@@ -45,7 +56,9 @@ async def page_slash() -> Response:
     return RedirectResponse("/console", status_code=308)
 
 
-@router.get("/console/assets/{name}")
-async def assets(name: str) -> Response:
+@router.get("/console/assets/{tag}/{name}")
+async def assets(tag: str, name: str) -> Response:
+    """An asset; cached for good when asked for under the current version (a page from an older tx gets today's
+    files, uncached)."""
     body, media_type = asset(name)
-    return Response(body, media_type=media_type, headers=HEADERS)
+    return Response(body, media_type=media_type, headers=FOREVER if tag == version() else HEADERS)

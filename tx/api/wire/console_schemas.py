@@ -37,20 +37,25 @@ class ConsoleRuns(WireResponse):
     total: int
 
 
-class MetricPoint(WireResponse):
-    seq: int = Field(description="the run's recorded calls, numbered from 1")
-    step: int = Field(description="the optimizer step the call belongs to")
-    kind: str = Field(description="forward_backward | forward | optim_step")
-    finished: float = Field(description="unix seconds")
-    seconds: float = Field(description="time on the trainer")
-    tokens: int
-    total_tokens: int
-    metrics: dict[str, float]
+class MetricColumns(WireResponse):
+    """The run's recorded calls, one list per field (index i of every list is call i), oldest first."""
+
+    seq: list[int] = Field(description="the run's recorded calls, numbered from 1")
+    step: list[int] = Field(description="the optimizer step each call belongs to")
+    kind: list[str] = Field(description="forward_backward | forward | optim_step")
+    finished: list[float] = Field(description="unix seconds")
+    seconds: list[float] = Field(description="time on the trainer")
+    tokens: list[int] = Field(description="target tokens of the call")
+    total_tokens: list[int] = Field(description="target tokens the run trained on so far")
+    metrics: dict[str, list[float | None]] = Field(
+        description="name -> one value per call (null where the call has none): loss_per_token, loss_sum, "
+        "loss_weight, tokens_per_s, grad_norm, learning_rate, an RL loss's ratio_mean, kl_sampler_trainer, "
+        "clip_fraction, advantage_mean, advantage_abs_mean, sampled_tokens, a custom loss's own")
 
 
 class RunMetrics(WireResponse):
     run: ConsoleRun
-    points: list[MetricPoint]
+    calls: MetricColumns
     last_seq: int = Field(description="ask again with after_seq=last_seq for what comes next")
 
 
