@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from tx.api.wire.console_schemas import ConsoleEngine, ConsoleEngineGroup, ConsoleEngines
+from tx.api.wire.schemas.console import ConsoleEngine, ConsoleEngineGroup, ConsoleEngines
 from tx.inference.manager import EngineManager
 
 

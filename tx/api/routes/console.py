@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from tx.api.console_engines import engines_view
 from tx.api.deps import MAX_OFFSET, Caller, Ctx, Operator
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.console_schemas import (
+from tx.api.wire.schemas.console import (
     ConsoleCheckpoint,
     ConsoleCheckpoints,
     ConsoleEngines,

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from tx.api.wire.schemas import WireRequest, WireResponse
+from tx.api.wire.schemas.base import WireRequest, WireResponse
 
 
 class ConsoleMe(WireResponse):
