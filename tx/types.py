@@ -136,6 +136,20 @@ class ProvenanceSpan:
     sampled: bool
 
 
+@dataclass(frozen=True)
+class StabilityRecord:
+    """What the server recorded of one sampled sequence (`record_stability_info`), for StableReinforce: the
+    sampled tokens (int64) and the sampler's logprob of each (float32), the prompt's length, the base model and
+    the weights version that sampled it (None: the base model's own weights)."""
+
+    sequence_id: str
+    base_model: str
+    weights_version: int | None
+    prompt_length: int
+    tokens: np.ndarray
+    logprobs: np.ndarray
+
+
 @dataclass
 class Datum:
     model_input: ModelInput

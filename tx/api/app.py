@@ -113,7 +113,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
         settings=settings, sessions=core.sessions, runs=core.runs, views=views, training=core.training,
         sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, samplers=core.samplers,
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
-        custom_losses=core.custom_losses, futures=futures_, manager=manager,
+        custom_losses=core.custom_losses, records=core.records, futures=futures_, manager=manager,
         console=ConsoleViews(store, scheduler, futures_),
     )
     return ctx, Runtime(store, backend, scheduler, core.recorder)
@@ -165,12 +165,13 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 async def _janitor(ctx: Context) -> None:
-    """Drop old futures, expired checkpoints and sessions that stopped heartbeating."""
+    """Drop old futures, expired checkpoints and stability records, and sessions that stopped heartbeating."""
     while True:
         await asyncio.sleep(ctx.settings.janitor_interval_s)
         try:
             ctx.futures.expire()
             await asyncio.to_thread(ctx.catalog.delete_expired)
+            await asyncio.to_thread(ctx.records.delete_expired)
             await asyncio.to_thread(ctx.sessions.reap_stale, ctx.settings.session_timeout_s)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")

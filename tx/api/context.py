@@ -17,6 +17,7 @@ from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
 from tx.core.run_metrics import MetricsRecorder
 from tx.core.runs import RunService
+from tx.core.sampling.records import StabilityRecords
 from tx.core.sampling.samplers import Samplers
 from tx.core.sampling.service import SamplingService
 from tx.core.sampling.text import TextSampling
@@ -47,6 +48,7 @@ class Context:
     text: TextSampling
     base_models: BaseModels
     custom_losses: CustomLosses
+    records: StabilityRecords
     futures: FutureRegistry
     manager: EngineManager
     console: ConsoleViews

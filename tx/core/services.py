@@ -15,6 +15,7 @@ from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
 from tx.core.run_metrics import MetricsRecorder
 from tx.core.runs import RunService
+from tx.core.sampling.records import StabilityRecords
 from tx.core.sampling.samplers import Samplers
 from tx.core.scheduler import Scheduler
 from tx.core.sequencing import Lease, Sequencer
@@ -35,6 +36,7 @@ class Services:
     base_models: BaseModels
     custom_losses: CustomLosses
     recorder: MetricsRecorder
+    records: StabilityRecords
 
 
 def build_services(store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
@@ -48,8 +50,9 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
     runs = RunService(store, backend, futures, scheduler, catalog, base_models)
     sequencer = Sequencer(store, futures, scheduler)
     recorder = MetricsRecorder(store.metrics)
+    records = StabilityRecords(store)
     return Services(
-        sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs]),
+        sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs, records]),
         runs=runs,
         training=TrainingCalls(sequencer, backend, custom_losses, catalog, training_lease, recorder),
         sequencer=sequencer,
@@ -59,4 +62,5 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         base_models=base_models,
         custom_losses=custom_losses,
         recorder=recorder,
+        records=records,
     )

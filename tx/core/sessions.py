@@ -3,8 +3,8 @@ get, list, search, assign a project, export a trace.
 
 A session belongs to the key that created it; every read takes the caller and answers 404 for
 someone else's. tx has no organisations, so every search (owner "own", "accessible" or "user")
-covers the caller's own sessions. Finishing a session frees its models and custom losses; its runs and
-checkpoints stay.
+covers the caller's own sessions. Finishing a session frees its models, custom losses and stability records;
+its runs and checkpoints stay.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def live_session(store: Store, session_id: str, owner: str) -> SessionRow:
 
 
 class SessionEnd(Protocol):
-    """What else a finished session frees (its models; its custom losses)."""
+    """What else a finished session frees (its models; its custom losses; its stability records)."""
 
     def forget_session(self, owner: str, session_id: str) -> None: ...
 

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from tx.store.metrics import RunMetricsTable
 from tx.store.migrate import upgrade_to_head
 from tx.store.overview import Overview
+from tx.store.stability import StabilityRecordStore
 from tx.store.tables import (
     CheckpointRow,
     SamplingSessionRow,
@@ -61,6 +62,7 @@ class Store:
         upgrade_to_head(engine)  # the schema is the migrations' (tx/store/migrate.py)
         self.metrics = RunMetricsTable(self._sessions)
         self.overview = Overview(self._sessions)
+        self.stability = StabilityRecordStore(self._sessions)  # sampled sequences' records (stability.py)
 
     @classmethod
     def from_url(cls, url: str) -> Store:

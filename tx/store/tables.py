@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -89,3 +89,24 @@ class RunMetricRow(Base):
     tokens: Mapped[int] = mapped_column(Integer)  # target tokens of this call (0 for optim_step)
     total_tokens: Mapped[int] = mapped_column(BigInteger)  # target tokens the run trained on so far
     metrics: Mapped[dict] = mapped_column(JSON)  # name -> number (loss_per_token, grad_norm, ...)
+
+
+class StabilityRecordRow(Base):
+    """One sequence sampled with `record_stability_info` (tx/core/sampling/records.py): what StableReinforce
+    training reads back by its `sequence_id`."""
+
+    __tablename__ = "stability_records"
+    __table_args__ = (Index("ix_stability_records_session_used", "session_id", "last_used_at"),)
+
+    sequence_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id"))
+    owner: Mapped[str] = mapped_column(String(64))
+    sampler_id: Mapped[str] = mapped_column(String(160))
+    base_model: Mapped[str] = mapped_column(String(256))
+    weights_version: Mapped[int | None] = mapped_column(Integer)  # None: the base model's own weights
+    prompt_length: Mapped[int] = mapped_column(Integer)
+    num_tokens: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[bytes] = mapped_column(LargeBinary)  # int32, little-endian
+    logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32, little-endian
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -11,20 +10,6 @@ import pytest
 from tx.store.store import SessionFinishedError, Store
 from tx.store.tables import CheckpointRow, SessionRow, TrainingRunRow
 from tx.types import ConflictError, NotFoundError
-
-POSTGRES_URL = os.environ.get("TX_TEST_POSTGRES_URL")
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store(request, tmp_path):
-    if request.param == "sqlite":
-        s = Store.from_url(f"sqlite:///{tmp_path / 'tx.db'}")
-    else:
-        if not POSTGRES_URL:
-            pytest.skip("set TX_TEST_POSTGRES_URL to run the store tests on PostgreSQL")
-        s = Store.from_url(POSTGRES_URL)
-    yield s
-    s.close()
 
 
 def _session(store: Store, owner: str = "alice") -> str:
