@@ -40,6 +40,7 @@ class FakeBackend(TrainingBackend):
         self.weights: dict[str, float] = {}
         self.bases: dict[str, tuple[str, LoraConfig]] = {}
         self.calls: list[tuple[str, str]] = []
+        self.batches: list[ForwardBackwardInput] = []  # every batch forward_backward ran, as it got it
         self.release = threading.Event()  # cleared: forward_backward blocks until set
         self.release.set()
         self.failures: list[Exception] = []  # raised, in order, by the next forward_backward calls
@@ -81,6 +82,7 @@ class FakeBackend(TrainingBackend):
             raise self.failures.pop(0)
         tokens = sum(len(d.model_input.text_tokens()) for d in batch.data)
         self.calls.append(("forward" if batch.forward_only else "forward_backward", model_id))
+        self.batches.append(batch)
         outputs = [{"logprobs": np.zeros(len(d.model_input.text_tokens()), np.float32)} for d in batch.data]
         return ForwardBackwardResult(outputs, {"loss:sum": self.weights[model_id] * tokens})
 

@@ -176,43 +176,34 @@ def test_rl_losses_run_through_the_sdk(trainer_client: tinker.ServiceClient) -> 
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
 
 
-def test_gspo_and_stable_reinforce_raise_the_sampled_tokens(service_client: tinker.ServiceClient) -> None:
+def test_gspo_raises_the_sampled_tokens(service_client: tinker.ServiceClient) -> None:
     """Positive advantages on the sampled rows: a few steps raise their logprobs (prompt rows carry 0)."""
     prompt_rows, sampled_rows = 4, 7
     tokens = sequences(2, length=prompt_rows + sampled_rows + 1, seed=10)
     mask = [0.0] * prompt_rows + [1.0] * sampled_rows
-
-    def rl_datum(t: list[int], logprobs: list[float], loss_fn: str) -> types.Datum:
-        inputs = {"target_tokens": t[1:], "logprobs": [q * m for q, m in zip(logprobs, mask)], "advantages": mask}
-        if loss_fn == "gspo":
-            inputs["sequence_ratio_mask"] = mask
-        d = types.Datum(model_input=types.ModelInput.from_ints(t[:-1]), loss_fn_inputs=inputs)
-        if loss_fn != "stable_reinforce":
-            return d
-        return d.with_provenance(
-            model_input=[types.PromptProvenanceSpan(sequence_id="s", length=prompt_rows + 1),
-                         types.SampledProvenanceSpan(sequence_id="s", length=sampled_rows - 1)],
-            loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id="s", offset=1, length=prompt_rows),
-                            types.SampledProvenanceSpan(sequence_id="s", length=sampled_rows)],
-        )
-
-    for loss_fn in ("gspo", "stable_reinforce"):
-        tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
-        plain = [datum(t) for t in tokens]
-        before = [o["logprobs"].to_numpy() for o in tc.forward(plain, "cross_entropy").result().loss_fn_outputs]
-        data = [rl_datum(t, lp.tolist(), loss_fn) for t, lp in zip(tokens, before)]
-        config = {"kl_coeff": 0.01} if loss_fn == "stable_reinforce" else None
-        for _ in range(3):
-            tc.forward_backward(data, loss_fn, loss_fn_config=config).result()
-            tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-        after = [o["logprobs"].to_numpy() for o in tc.forward(plain, "cross_entropy").result().loss_fn_outputs]
-        gain = sum((a - b)[prompt_rows:].sum() for a, b in zip(after, before))
-        assert gain > 0, (loss_fn, gain)
+    tc = service_client.create_lora_training_client(BASE, rank=8, seed=0).result()
+    plain = [datum(t) for t in tokens]
+    before = [o["logprobs"].to_numpy() for o in tc.forward(plain, "cross_entropy").result().loss_fn_outputs]
+    data = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
+                        loss_fn_inputs={"target_tokens": t[1:], "logprobs": [q * m for q, m in zip(lp, mask)],
+                                        "advantages": mask, "sequence_ratio_mask": mask})
+            for t, lp in zip(tokens, before)]
+    for _ in range(3):
+        tc.forward_backward(data, "gspo").result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = [o["logprobs"].to_numpy() for o in tc.forward(plain, "cross_entropy").result().loss_fn_outputs]
+    gain = sum((a - b)[prompt_rows:].sum() for a, b in zip(after, before))
+    assert gain > 0, gain
 
     no_provenance = [types.Datum(model_input=types.ModelInput.from_ints(tokens[0][:-1]),
                                  loss_fn_inputs={"target_tokens": tokens[0][1:], "logprobs": mask, "advantages": mask})]
     with pytest.raises(tinker.BadRequestError, match="needs provenance"):  # refused at submission
         tc.forward_backward(no_provenance, "stable_reinforce").result()
+    unrecorded = [no_provenance[0].with_provenance(
+        model_input=[types.SampledProvenanceSpan(sequence_id="never-sampled", length=len(tokens[0]) - 1)],
+        loss_fn_inputs=[types.SampledProvenanceSpan(sequence_id="never-sampled", length=len(tokens[0]) - 1)])]
+    with pytest.raises(tinker.BadRequestError, match="no stability record of sequence_id 'never-sampled'"):
+        tc.forward_backward(unrecorded, "stable_reinforce").result()
 
 
 @AND_JAX

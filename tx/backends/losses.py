@@ -236,11 +236,24 @@ def gspo(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float])
 
 
 def stable_reinforce(xp: ArrayOps, logp: Array, inputs: Inputs, config: Mapping[str, float]) -> Array:
-    """loss = -Σ sg(min(r, 1))·A·logp + kl_coeff·Σ_S (r - 1 - log r), S the sampled tokens.
+    """loss = -Σ_S sg(min(r, 1))·A·logp + kl_coeff·Σ_S (r - 1 - log r), r = exp(logp - q).
 
-    A REINFORCE term whose importance weight is truncated at 1, so stale or mismatched samples
-    (r >> 1) never amplify a step, plus a k3 estimate of KL(q || p) on the sampled tokens (by the
-    datum's provenance spans) that pulls the policy back toward the sampler; kl_coeff default 0.
+    tx's StableReinforce (hosted Tinker's formula is not published). S: the sampled tokens, the target rows
+    that the datum's SampledProvenanceSpans cover. q: the sampler's own logprob of each, read from the
+    stability record its sequence_id names (`record_stability_info`; `tx/backends/provenance.py` writes it
+    into `logprobs` at submission, so q is what the engine computed when it drew the token, never a value
+    the client rebuilt or rounded). A: `advantages` (0 off S).
+
+    - The policy-gradient term is REINFORCE weighted by the importance ratio truncated at 1: its gradient
+      is min(r, 1)·A·∇logp. On-policy (r = 1) it is plain REINFORCE. Off-policy (async RL several steps
+      stale, or sampler and trainer rounding differently in bf16), a token the trainer now likes less than
+      the sampler did (r < 1) counts for less, as importance sampling would have it; one it likes more
+      (r > 1) counts once, never r times. So no stale or mismatched token can scale a step up, which is how
+      importance_sampling blows up (its weight r is unbounded), and unlike ppo's clip no token's gradient
+      is switched off: every sampled token keeps a bounded, same-signed push. The price is a bias toward
+      the sampler on tokens with r > 1, which vanishes as training catches up with sampling.
+    - The KL term is the k3 estimate of KL(q || p) over the sampled tokens (unbiased, non-negative, with
+      samples drawn from q): a pull back toward the sampler, kl_coeff (loss_fn_config, default 0) strong.
     """
     log_ratio = logp - inputs["logprobs"]
     weight = xp.stop_gradient(xp.clip(xp.exp(log_ratio), 0.0, 1.0))
@@ -260,9 +273,9 @@ LOSSES: dict[str, LossFn] = {
         LossFn("cispo", cispo, required=_RL_INPUTS, config=_CLIP),
         LossFn("dro", dro, required=_RL_INPUTS, config={"beta": 0.05}),
         LossFn("gspo", gspo, required=(*_RL_INPUTS, "sequence_ratio_mask"), config=_CLIP),
-        LossFn(
-            "stable_reinforce", stable_reinforce, required=_RL_INPUTS, config={"kl_coeff": 0.0},
-            needs_provenance=True,
+        LossFn(  # logprobs: the recorded ones, written at submission (provenance.py); a client may omit them
+            "stable_reinforce", stable_reinforce, required=("advantages",), defaults={"logprobs": 0.0},
+            config={"kl_coeff": 0.0}, needs_provenance=True,
         ),
     )
 }

@@ -54,7 +54,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
     return Services(
         sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs, records]),
         runs=runs,
-        training=TrainingCalls(sequencer, backend, custom_losses, catalog, training_lease, recorder),
+        training=TrainingCalls(sequencer, backend, custom_losses, catalog, records, training_lease, recorder),
         sequencer=sequencer,
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept),
         catalog=catalog,

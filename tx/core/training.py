@@ -3,27 +3,29 @@ Each is checked at submission (`sequencing.py`) and runs on the training thread 
 
 from __future__ import annotations
 
-import functools
 import time
 
 from tx.backends.base import TrainingBackend
+from tx.backends.provenance import apply_records, named_sequences, needs_records
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import Future
 from tx.core.results import WeightsLoaded
 from tx.core.run_metrics import Measured, MetricsRecorder
+from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
 from tx.types import AdamParams, ForwardBackwardInput, ForwardBackwardResult, OptimStepResult
 
 
 class TrainingCalls:
     def __init__(self, sequencer: Sequencer, backend: TrainingBackend, custom_losses: CustomLosses,
-                 catalog: CheckpointCatalog, training_lease: Lease | None = None,
+                 catalog: CheckpointCatalog, records: StabilityRecords, training_lease: Lease | None = None,
                  recorder: MetricsRecorder | None = None) -> None:
         self.sequencer = sequencer
         self.backend = backend
         self.custom_losses = custom_losses
         self.catalog = catalog
+        self.records = records
         self._training_lease = training_lease  # held around each training pass
         self.trained_tokens = 0  # target tokens of every forward_backward (not forward-only) run
         self.recorder = recorder  # per-step metrics for the console (None: not recorded)
@@ -34,17 +36,32 @@ class TrainingCalls:
             batch = self.custom_losses.attach(run.session_id, batch)
         kind = "Forward" if batch.forward_only else "ForwardBackward"
         lease = None if batch.forward_only else self._training_lease
+        checked = [batch]  # what `check` made of it: with the stability records it names applied
+
+        def check() -> None:
+            checked[0] = self._with_records(owner, run.session_id, run.base_model, batch)
+            self.backend.check_batch(run.base_model, checked[0])
+            if needs_records(batch):
+                self.records.touch(owner, named_sequences(batch))  # used: each record's day starts again
 
         def train() -> ForwardBackwardResult:
             start = time.perf_counter()
-            result = self.backend.forward_backward(model_id, batch)
+            result = self.backend.forward_backward(model_id, checked[0])
             if not batch.forward_only:  # only the training thread writes it
                 self.trained_tokens += sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
             self._measured(model_id, "forward" if batch.forward_only else "forward_backward", start, batch, result)
             return result
 
-        check = functools.partial(self.backend.check_batch, run.base_model, batch)
         return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check)
+
+    def _with_records(self, owner: str, session_id: str, base_model: str,
+                      batch: ForwardBackwardInput) -> ForwardBackwardInput:
+        """A stable_reinforce batch with its datums checked against the records they name and their logprobs
+        the recorded ones (`backends/provenance.py`); a UserError (400) naming every sequence_id it may not use."""
+        if not needs_records(batch):
+            return batch
+        records = self.records.resolve(owner, session_id, named_sequences(batch))
+        return apply_records(batch, records, base_model)
 
     def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
         adam.validate()

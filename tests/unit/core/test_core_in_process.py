@@ -19,7 +19,17 @@ from tx.core.futures import Future, FutureRegistry
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.store.store import Store
-from tx.types import AdamParams, ErrorCategory, ForwardBackwardInput, LoraConfig, ModelInput, UserError
+from tx.types import (
+    AdamParams,
+    ErrorCategory,
+    ForwardBackwardInput,
+    LoraConfig,
+    ModelInput,
+    ProvenanceSpan,
+    SampledSequence,
+    StopReason,
+    UserError,
+)
 from tx.types import Datum as DomainDatum
 
 OWNER = "owner-a"
@@ -176,5 +186,43 @@ def test_a_saved_state_loads_into_a_new_run(tmp_path: Path) -> None:
         loaded = await core.done(core.service.runs.create_from_checkpoint(OWNER, session, 0, saved.result.path, True))
         assert loaded.failure is None, loaded.failure
         assert core.backend.weights[loaded.result.model_id] == pytest.approx(0.75)
+
+    run(tmp_path, scenario)
+
+
+def test_stable_reinforce_trains_on_the_records_its_provenance_names(tmp_path: Path) -> None:
+    """A stable_reinforce batch reaches the trainer with the recorded logprobs at its sampled rows (whatever the
+    client sent), and restarts each record's day; one naming a missing, foreign or false record is refused at
+    submission, naming it."""
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        session = core.store.get_run(model, OWNER).session_id
+        records = core.service.records
+        ids = [f"{session}:sample:0:1:{i}" for i in range(2)]
+        sampled = [SampledSequence([7, 8, 9], [-0.25, -0.5, -0.75], StopReason.LENGTH)] * 2
+        records.record(OWNER, session, f"{session}:sample:0", BASE, 1, 3, ids, sampled)
+
+        def batch(sequence_id: str, targets: tuple[int, ...] = (5, 7, 8, 9)) -> ForwardBackwardInput:
+            spans = (ProvenanceSpan(sequence_id, 1, 1, sampled=False), ProvenanceSpan(sequence_id, 0, 3, sampled=True))
+            datum = DomainDatum(ModelInput.from_tokens((4, 5, 7, 8)),
+                                {"target_tokens": np.array(targets), "logprobs": np.full(4, -9.0, np.float32),
+                                 "advantages": np.array([0.0, 1.0, 1.0, 1.0], np.float32)}, spans)
+            return ForwardBackwardInput([datum], "stable_reinforce")
+
+        refusals = [(batch("nope:0"), "no stability record of sequence_id 'nope:0'"),
+                    (batch(ids[0], (5, 7, 6, 9)), f"target row 2 holds token 6, but sequence '{ids[0]}' sampled token 8")]
+        for seq, (bad, refusal) in enumerate(refusals, start=1):
+            with pytest.raises(UserError, match=refusal):
+                core.service.training.forward_backward(OWNER, model, seq, bad)
+            core.service.sequencer.reject(OWNER, model, seq)
+        assert (await core.done(core.service.training.forward_backward(OWNER, model, 3, batch(ids[0])))).failure is None
+        (trained,) = core.backend.batches
+        assert trained.data[0].loss_fn_inputs["logprobs"].tolist() == [-9.0, -0.25, -0.5, -0.75]
+        used, unused = (core.store.stability.get(OWNER, [i])[0].last_used_at for i in ids)
+        assert used > unused  # the training request restarted its record's day
+
+        other = await core.new_model()  # a model of another session
+        with pytest.raises(UserError, match=f"'{ids[1]}' was sampled in another session"):
+            core.service.training.forward_backward(OWNER, other, 1, batch(ids[1]))
 
     run(tmp_path, scenario)
