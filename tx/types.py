@@ -304,6 +304,7 @@ class SampleRequest:
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
     prompt_logprobs_last_n: int | None = None
+    record_stability_info: bool = False  # record every sampled sequence for StableReinforce (core/sampling/records.py)
     expanded: ExpandedInput | None = None
 
     def model_input(self) -> ExpandedInput:
@@ -327,3 +328,4 @@ class SampleResult:
     sequences: list[SampledSequence]
     prompt_logprobs: np.ndarray | None = None
     topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
+    weights_version: int | None = None  # the weight version the engine sampled with (None: the base model's)

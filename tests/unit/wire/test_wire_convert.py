@@ -120,7 +120,6 @@ def test_bad_prompts():
         (dict(sampling_params=sdk.SamplingParams(top_k=-5)), "top_k"),
         (dict(topk_sample_logprobs=3), "topk_sample_logprobs"),
         (dict(prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
-        (dict(record_stability_info=True), "record_stability_info"),
         (
             dict(target_prompt_logprobs=SdkTensorDataModel(data=[1, -1, 2], dtype="int64", shape=[3, 1])),
             "target_prompt",

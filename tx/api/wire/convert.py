@@ -153,6 +153,7 @@ def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleReques
         prompt_logprobs=bool(request.prompt_logprobs),
         topk_prompt_logprobs=request.topk_prompt_logprobs,
         prompt_logprobs_last_n=last_n,
+        record_stability_info=bool(request.record_stability_info),
     )
 
 
@@ -161,7 +162,6 @@ def _reject_unsupported_sampling_features(request: asample.SampleRequestJson) ->
         "topk_sample_logprobs": request.topk_sample_logprobs > 0,
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
-        "record_stability_info": bool(request.record_stability_info),
     }
     asked = [name for name, used in unsupported.items() if used]
     if asked:

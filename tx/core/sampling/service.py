@@ -1,4 +1,6 @@
-"""Sampling use cases: asample on a sampling session, through the engine manager."""
+"""Sampling use cases: asample on a sampling session, through the engine manager. A sample asked with
+`record_stability_info` is recorded (`records.py`) before its future resolves, so a training request that
+names its sequences right after finds them."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from pathlib import Path
 
 from tx.core.completions import CLONE_BLOCK
 from tx.core.futures import Future, FutureRegistry
+from tx.core.sampling.records import StabilityRecords
 from tx.inference.manager import EngineManager
 from tx.multimodal import ImageInputs, expand_input
 from tx.store.store import Store
+from tx.store.tables import SamplingSessionRow
 from tx.types import ErrorCategory, OverloadedError, SampleKey, SampleRequest, SampleResult
 
 logger = logging.getLogger(__name__)
@@ -20,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 class SamplingService:
     def __init__(self, store: Store, futures: FutureRegistry, manager: EngineManager, max_queue: int,
-                 images: ImageInputs | None = None) -> None:
+                 records: StabilityRecords, images: ImageInputs | None = None) -> None:
         self.store = store
+        self.records = records
         self.futures = futures
         self.manager = manager
         self.max_queue = max_queue
@@ -48,9 +53,7 @@ class SamplingService:
             feed=(sampling_session_id, seq_id // CLONE_BLOCK),
         )
         weights_dir = Path(sampler.weights_dir) if sampler.weights_dir else None
-        task = asyncio.create_task(
-            self._run(future, sampler.base_model, weights_dir, call, request)
-        )
+        task = asyncio.create_task(self._run(future, sampler, weights_dir, call, request, sequence_ids))
         self._tasks[future.request_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(future.request_id, None))
         return future, sequence_ids
@@ -80,14 +83,20 @@ class SamplingService:
         self.sampled_tokens += sum(len(seq.tokens) for seq in result.sequences)
         return result
 
-    async def _run(self, future: Future, base_model: str, weights_dir: Path | None, call: SampleKey,
-                   request: SampleRequest) -> None:
+    async def _run(self, future: Future, sampler: SamplingSessionRow, weights_dir: Path | None, call: SampleKey,
+                   request: SampleRequest, sequence_ids: list[str]) -> None:
         if not self.futures.start(future):  # cancelled before it began
             return
+        base_model = sampler.base_model
         try:
             if request.prompt.has_images:  # blocking I/O and decoding: off the loop
                 request = await asyncio.to_thread(self._expanded, base_model, request)
             result = await self._sample(base_model, weights_dir, call, request)
+            if request.record_stability_info:
+                await asyncio.to_thread(
+                    self.records.record, sampler.owner, sampler.session_id, sampler.sampling_session_id, base_model,
+                    result.weights_version, len(request.model_input().token_ids), sequence_ids, result.sequences,
+                )
         except Exception as exc:  # noqa: BLE001 - the future carries every failure
             if self.futures.fail_with(future, exc) is ErrorCategory.SERVER:
                 logger.exception("sample %s failed", future.request_id)

@@ -116,8 +116,10 @@ class EngineManager:
             try:
                 await self.supervisor.ensure_running(group, slot)
                 async with self.publisher.holding(slot, version) as adapter:
-                    return await self.client.sample(slot.name, str(key), request, adapter,
-                                                    on_abort=lambda: self.lifecycle.resume_after_training(group))
+                    result = await self.client.sample(slot.name, str(key), request, adapter,
+                                                      on_abort=lambda: self.lifecycle.resume_after_training(group))
+                result.weights_version = None if version is None else version.number
+                return result
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed during a sample: %s", slot.name, exc)
                 if slot.external:
