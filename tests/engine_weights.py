@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -62,3 +63,30 @@ def random_adapter(reference, seed: int, r: int, lora_alpha: float, targets: lis
     model.eval()
     named = [(name, t.detach().contiguous()) for name, t in get_peft_model_state_dict(model).items()]
     return model, named
+
+
+def assert_update_reaches_a_running_request(engine, sender, reference, lora: dict, targets: list[str],
+                                            prompt: list[int], max_tokens: int = 384) -> None:
+    """An adapter updated in place (the same name pushed again) while a long greedy request generates with it:
+    the request is not aborted (it runs to max_tokens), starts as the old weights' greedy sequence and ends
+    otherwise; requests after the update run on the new weights."""
+    _, old = random_adapter(reference, 11, r=lora["r"], lora_alpha=lora["lora_alpha"], targets=targets)
+    _, new = random_adapter(reference, 12, r=lora["r"], lora_alpha=lora["lora_alpha"], targets=targets)
+    push(engine, sender, old, adapter="live", lora=lora)
+    push(engine, sender, new, adapter="fresh", lora=lora)
+    body = dict(prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0.0, stop_at_eos=False)
+    before = engine.generate(**body, adapter="live")["sequences"][0]["token_ids"]
+    after = engine.generate(**body, adapter="fresh")["sequences"][0]["token_ids"]
+    assert before != after
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(engine.generate, **body, adapter="live")
+        deadline = time.monotonic() + 30
+        while engine.health()["num_running"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # a few decode steps on the old weights
+        push(engine, sender, new, adapter="live", lora=lora)
+        (seq,) = running.result(timeout=120)["sequences"]
+    assert seq["stop_reason"] == "length" and len(seq["token_ids"]) == max_tokens, seq["stop_reason"]
+    tokens = seq["token_ids"]
+    assert tokens[:1] == before[:1] and tokens != before, "began on the old weights, then took the new ones"
+    assert engine.generate(**body, adapter="live")["sequences"][0]["token_ids"] == after

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from engine_weights import gloo_sender, perturbed, push, random_adapter
+from engine_weights import assert_update_reaches_a_running_request, gloo_sender, perturbed, push, random_adapter
 from live_engine import SECRET
 from reference_logprobs import token_logprobs
 from vllm_helpers import greedy
@@ -206,6 +206,13 @@ def test_lora_adapter_over_gloo_matches_peft(vllm_engine, sender, reference_mode
 
     assert vllm_engine.http.delete("/adapters/a1").json()["adapters"] == {}
     assert vllm_engine.post("/generate", {"prompt_token_ids": PROMPT, "adapter": "a1"}, expect=404)
+
+
+def test_an_adapter_updated_in_place_reaches_a_running_request(vllm_engine, sender, reference_model):
+    """vLLM reloads the adapter in place (`load_inplace`): the running request keeps its adapter id."""
+    assert_update_reaches_a_running_request(vllm_engine, sender, reference_model, LORA, TARGETS, PROMPT)
+    for name in ("live", "fresh"):
+        vllm_engine.http.delete(f"/adapters/{name}")
 
 
 def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_model_dir, tmp_path):

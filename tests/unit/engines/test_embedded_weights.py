@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import engine_reference as reference
-from engine_weights import gloo_sender, perturbed, push, random_adapter
+from engine_weights import assert_update_reaches_a_running_request, gloo_sender, perturbed, push, random_adapter
 from tx.inference.protocol import ROUTE_WEIGHTS_UPDATE_IPC, IpcWeightsUpdateRequest
 from tx.inference.weight_sync import plan_update
 from tx.inference.weight_sync.types import IpcUpdate
@@ -55,6 +55,13 @@ def test_lora_adapters_match_peft(engine, sender, reference_model):
     assert engine.http.delete("/adapters/a2").json()["adapters"] == {}
     response = engine.http.post("/generate", json={"prompt_token_ids": PROMPT, "adapter": "a2"})
     assert response.status_code == 404
+
+
+def test_an_adapter_updated_in_place_reaches_a_running_request(engine, sender, reference_model):
+    assert_update_reaches_a_running_request(engine, sender, reference_model, {"r": 4, "lora_alpha": 8,
+                                            "target_modules": TARGETS}, TARGETS, PROMPT)
+    engine.http.delete("/adapters/live")
+    engine.http.delete("/adapters/fresh")
 
 
 def test_full_weights_push(engine, sender, reference_model):

@@ -70,6 +70,7 @@ class VllmEngine:
         self.base_version: str | None = None
         self.adapters: dict[str, str | None] = {}
         self.adapter_paths: dict[str, Path] = {}
+        self._retired: dict[str, Path] = {}  # an adapter's files before its last in-place update
         self.transfer: p.TransferState = "none"
         self.num_running = 0
         self.num_waiting = 0
@@ -254,18 +255,26 @@ class VllmEngine:
             path = self.lora_dir / f"adapter-{uuid.uuid4().hex[:12]}"
             args = (payload, lora.model_dump_json(), str(path), str(self.config.model_dir))
             answer = await self._rpc_update(method, *args)
+            inplace = name in self.adapters  # requests generating with it go on, on the new weights
             try:
-                if name in self.adapters:
-                    await self._unload(name)
-                await self.child.call(
-                    "POST", "/v1/load_lora_adapter", json_body={"lora_name": name, "lora_path": str(path)}
-                )
+                await self.child.call("POST", "/v1/load_lora_adapter", json_body={
+                    "lora_name": name, "lora_path": str(path), "load_inplace": inplace})
             except BaseException:
                 shutil.rmtree(path, ignore_errors=True)
                 raise
+            self._retire(name)
             self.adapters[name] = None
             self.adapter_paths[name] = path
             return p.WeightsUpdateResponse(**answer)
+
+    def _retire(self, name: str) -> None:
+        """An adapter's files replaced by an in-place update stay until the next one (requests that began on
+        them name that path, should vLLM load it again); older ones go."""
+        old, path = self._retired.pop(name, None), self.adapter_paths.get(name)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        if path is not None:
+            self._retired[name] = path
 
     async def _rpc_update(self, method: str, *args: str) -> dict:
         try:
@@ -299,6 +308,9 @@ class VllmEngine:
 
     async def _unload(self, name: str) -> None:
         del self.adapters[name]
+        retired = self._retired.pop(name, None)
+        if retired is not None:
+            shutil.rmtree(retired, ignore_errors=True)
         path = self.adapter_paths.pop(name, None)
         try:
             await self.child.call("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
