@@ -128,7 +128,7 @@ async def save_weights_for_sampler(
     async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
         future = await asyncio.to_thread(
             ctx.checkpoints.save_weights_for_sampler, caller.owner, body.model_id, seq_id, body.path,
-            body.sampling_session_seq_id, body.ttl_seconds, body.user_metadata,
+            body.sampling_session_seq_id, body.ttl_seconds, body.user_metadata, inflight=body.kind == "inflight",
         )
     return _answer(future, body.model_id)
 

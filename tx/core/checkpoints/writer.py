@@ -29,7 +29,8 @@ class SamplerEngines(Protocol):
     thread) and sampling clients created from a saved path."""
 
     def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,
-                     weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None) -> None: ...
+                     weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None,
+                     inflight: bool = False) -> None: ...
 
     def pin(self, sampler_id: str, directory: Path, label: str) -> None: ...
 
@@ -56,11 +57,16 @@ class CheckpointWriter:
 
     def save_weights_for_sampler(self, owner: str, model_id: str, seq_id: int, name: str | None,
                                  sampling_session_seq_id: int | None, ttl_s: int | None,
-                                 user_metadata: dict[str, Any] | None) -> Future:
+                                 user_metadata: dict[str, Any] | None, inflight: bool = False) -> Future:
+        """`inflight`: the new sampling client follows the run's inflight weights (`SamplingClientKind`): this save
+        and every later inflight save of the run, pushed into engines in place (docs/engines.md)."""
         if name is None and sampling_session_seq_id is None:
             raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
+        if name is not None and inflight:
+            raise UserError("kind 'inflight' makes a sampling client (save_weights_and_get_sampling_client); "
+                            "a save to a path is a snapshot")
         if name is None:
-            run = lambda: self._save_ephemeral_sampler(owner, model_id, sampling_session_seq_id)  # noqa: E731
+            run = lambda: self._save_ephemeral_sampler(owner, model_id, sampling_session_seq_id, inflight)  # noqa: E731
             return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsForSampler", run)
         path = _new_path(model_id, "sampler_weights", name, ttl_s)
 
@@ -88,7 +94,7 @@ class CheckpointWriter:
 
         return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsExternal", run)
 
-    def _save_ephemeral_sampler(self, owner: str, model_id: str, seq: int | None) -> SamplerSaved:
+    def _save_ephemeral_sampler(self, owner: str, model_id: str, seq: int | None, inflight: bool) -> SamplerSaved:
         run = self.store.get_run(model_id, owner)
         sampler_id = sampler_id_for(run.session_id, int(seq or 0))
         directory = self.files.ephemeral_dir(model_id, int(seq or 0))
@@ -101,7 +107,7 @@ class CheckpointWriter:
             model_path=None, run_id=model_id, weights_dir=str(directory),
         ))
         self._published(owner, model_id, directory, f"the sampler weights of sampling session {sampler_id}",
-                        start=True, sampler_id=sampler_id)
+                        start=True, sampler_id=sampler_id, inflight=inflight)
         return SamplerSaved(path=None, sampling_session_id=sampler_id)
 
     def _evict_old_versions(self, parent: Path) -> None:
@@ -110,14 +116,14 @@ class CheckpointWriter:
             shutil.rmtree(old, ignore_errors=True)
 
     def _published(self, owner: str, model_id: str, directory: Path, label: str, *, start: bool,
-                   sampler_id: str | None = None) -> None:
+                   sampler_id: str | None = None, inflight: bool = False) -> None:
         """Hand the engines the trainer's tensors as a new weight version (starting them only for a run about
         to sample)."""
         if self._engines is not None:
             base_model = self.store.get_run(model_id, owner).base_model
             self._engines.save_sampler(base_model, model_id, directory, label,
                                        self.backend.iter_trainable_weights(model_id), start=start,
-                                       sampler_id=sampler_id)
+                                       sampler_id=sampler_id, inflight=inflight)
 
     def _write(self, owner: str, path: TinkerPath, writer: Callable[[Any], None], ttl_s: int | None,
                overwrite: bool, user_metadata: dict[str, Any] | None) -> int:

@@ -135,11 +135,16 @@ class EngineManager:
 
     # -- weights ----------------------------------------------------------------------------
     def save_sampler(self, base_model: str, run_id: str, directory: Path, label: str,
-                     weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None) -> None:
+                     weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None,
+                     inflight: bool = False) -> None:
         """From the training thread, after a sampler save into `directory`: the trainer's `weights` (copied now)
-        become a new version, pinned to `sampler_id` if given, and published (starting the engines if `start`)."""
-        version = self.versions.add(run_id, directory, label, snapshot(weights), lora_spec(directory))
-        if sampler_id is not None:
+        become a new version, pinned to `sampler_id` if given (with `inflight`: the run's inflight target, which
+        `sampler_id` follows), and published (starting the engines if `start`): an engine that holds the run's
+        inflight adapter takes the new weights in place, requests generating with it included."""
+        version = self.versions.add(run_id, directory, label, snapshot(weights), lora_spec(directory), inflight)
+        if sampler_id is not None and inflight:
+            self.versions.follow(sampler_id, run_id)
+        elif sampler_id is not None:
             self.versions.pin(sampler_id, directory, label)
         self._call(self.publish(base_model, version, start=start))
 

@@ -9,6 +9,8 @@ Design / who owns what:
   (pushed from the trainer's tensors, never read back from disk) and keeps the most recent `max_adapters`.
 - An adapter a request is generating with (`holding`) is never unloaded: eviction takes the least recently used
   idle one, and waits for one to become idle when all are in use.
+- A run's inflight versions share one adapter name: a newer one is pushed over the older in place (the engine
+  swaps the weights between decode steps; requests generating with it go on, on the new weights).
 - Weights travel over the transport `weight_sync.transport.choose_transport` picks per engine, from the
   trainer's device (`EngineSettings.trainer_device`) and what the engine's `/health` reports: CUDA IPC into an
   engine on the trainer's own GPU, NCCL to one on another GPU, gloo when either side is on cpu (the tensors
@@ -69,7 +71,7 @@ class EngineWeights:
     freed: asyncio.Condition  # on the slot's lock: an adapter stopped being in use
     transport: TransportChoice | None = None  # chosen on the first push to this engine process
     sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
-    adapters: OrderedDict[str, None] = field(default_factory=OrderedDict)  # loaded, least recently used first
+    adapters: OrderedDict[str, int] = field(default_factory=OrderedDict)  # loaded -> its version number, LRU first
     in_use: Counter[str] = field(default_factory=Counter)  # adapter -> requests generating with it now
 
 
@@ -123,8 +125,11 @@ class Publisher:
             return None
         name, held = version.adapter, self.held(slot)
         async with slot.lock:
-            if name not in held.adapters:
+            loaded = held.adapters.get(name)
+            if loaded is None:
                 await self._load(slot, held, version)
+            elif loaded < version.number:  # an inflight adapter holding older weights: replaced in place
+                await self._push_version(slot, held, version)
             held.adapters.move_to_end(name)
             if hold:
                 held.in_use[name] += 1
@@ -141,11 +146,14 @@ class Publisher:
                 continue
             del held.adapters[idle]
             await self.client.delete(slot.name, ROUTE_ADAPTER.format(name=idle), self.settings.control_timeout_s)
+        await self._push_version(slot, held, version)
+
+    async def _push_version(self, slot: EngineSlot, held: EngineWeights, version: WeightVersion) -> None:
         name = version.adapter
         await self.push(slot, name, version.named, version.spec)
         await self.client.post(slot.name, ROUTE_WEIGHTS_FINISH, WeightsFinishRequest(
-            version=name, adapter=name).model_dump(), self.settings.control_timeout_s)
-        held.adapters[name] = None
+            version=f"v{version.number}", adapter=name).model_dump(), self.settings.control_timeout_s)
+        held.adapters[name] = version.number
 
     async def push(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
         held = self.held(slot)

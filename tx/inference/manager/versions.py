@@ -9,6 +9,11 @@ Design / who owns what:
   dropped gets a clear error naming its path.
 - A path with no version held (its save predates this server process) is read from its directory once, when
   a client is pinned to it, and becomes a version like any other.
+- An inflight save (`SamplingClientKind` "inflight") makes its version the run's inflight target. Every
+  inflight version of a run is served by one adapter name (`inflight<k>`), so engines take each new one in
+  place, requests generating with it included; inflight clients follow the target (the weights current when
+  they were created, or newer), and the target is held whatever `keep` says. The target lives in memory: after a
+  restart an inflight client is pinned to the weights it was created with, as a snapshot client is.
 - Thread-safe: saves come from the training thread, pins from request threads, lookups from the event loop.
 """
 
@@ -40,10 +45,13 @@ class WeightVersion:
     label: str  # the path users know it by
     named: NamedTensors
     spec: LoraSpec
+    inflight: str | None = None  # its run's inflight adapter, for an inflight save
 
     @property
     def adapter(self) -> str:
-        return f"v{self.number}"
+        """The engines' adapter name: `v<number>`, or the run's inflight adapter (each new version replaces the
+        one it holds)."""
+        return self.inflight or f"v{self.number}"
 
 
 def snapshot(weights: Iterable[tuple[str, Any]]) -> NamedTensors:
@@ -76,20 +84,35 @@ class VersionStore:
         self._versions: OrderedDict[int, WeightVersion] = OrderedDict()  # held, oldest first
         self._latest: dict[Path, int] = {}  # directory -> its newest version
         self._pins: dict[str, tuple[int, str]] = {}  # sampler id -> (version, label)
+        self._inflight: dict[str, int] = {}  # run -> its inflight target (a version number)
+        self._inflight_names: dict[str, str] = {}  # run -> the adapter name its inflight versions share
+        self._followers: dict[str, str] = {}  # inflight sampler id -> its run
         self._counter = 0
         self._lock = threading.Lock()
 
-    def add(self, owner: str, directory: Path, label: str, named: NamedTensors, spec: LoraSpec) -> WeightVersion:
-        """A new version (the next number) of `directory`; drops the owner's versions beyond `keep`."""
+    def add(self, owner: str, directory: Path, label: str, named: NamedTensors, spec: LoraSpec,
+            inflight: bool = False) -> WeightVersion:
+        """A new version (the next number) of `directory`, and with `inflight` the owner's inflight target; drops
+        the owner's versions beyond `keep` (never its inflight target)."""
         with self._lock:
             self._counter += 1
-            version = WeightVersion(self._counter, owner, directory.resolve(), label, named, spec)
+            name = None
+            if inflight:
+                name = self._inflight_names.setdefault(owner, f"inflight{len(self._inflight_names) + 1}")
+            version = WeightVersion(self._counter, owner, directory.resolve(), label, named, spec, name)
             self._versions[version.number] = version
             self._latest[version.directory] = version.number
-            mine = [n for n, v in self._versions.items() if v.owner == owner]
+            if inflight:
+                self._inflight[owner] = version.number
+            mine = [n for n, v in self._versions.items() if v.owner == owner and n != self._inflight.get(owner)]
             for number in mine[: max(0, len(mine) - self.keep)]:
                 del self._versions[number]
             return version
+
+    def follow(self, sampler_id: str, owner: str) -> None:
+        """An inflight sampling client of run `owner`: it samples its run's inflight target, whichever that is."""
+        with self._lock:
+            self._followers[sampler_id] = owner
 
     def latest(self, directory: Path) -> WeightVersion | None:
         with self._lock:
@@ -108,8 +131,11 @@ class VersionStore:
 
     def pinned(self, sampler_id: str, directory: Path) -> WeightVersion:
         """The version a sampling client was pinned to (pinned now if it never was: a client from before a
-        restart of this server)."""
+        restart of this server); an inflight client's run's inflight target."""
         with self._lock:
+            run = self._followers.get(sampler_id)
+            if run is not None:
+                return self._versions[self._inflight[run]]
             pin = self._pins.get(sampler_id)
             version = None if pin is None else self._versions.get(pin[0])
         if pin is None:
