@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tx.inference.engines.vllm as vllm_engine
-from tx.inference.engines.vllm.translate import TranslationError, completion_bodies, generate_response
+from tx.inference.engines.vllm.translate import TranslationError, completion_bodies, generate_response, tokens_body
 from tx.inference.protocol import GenerateRequest
 
 PROMPT = [5, 17, 230]
@@ -49,6 +49,14 @@ def test_one_body_for_unseeded_sampling():
     assert with_prompt["n"] == 4 and with_prompt["prompt_logprobs"] == 0
     assert body["n"] == 4 and body["seed"] is None and body["top_k"] == -1 and body["ignore_eos"] is True
     assert body["logprobs"] == 0 and body["return_token_ids"] is True and body["prompt_logprobs"] is None
+    assert "cache_salt" not in body  # the shared prefix cache
+
+
+def test_a_cache_namespace_salts_every_body():
+    """An inflight sampling session's own prefix-cache namespace: vLLM's cache_salt on every body it sends."""
+    request = GenerateRequest(prompt_token_ids=PROMPT, n=2, seed=1, cache_namespace="ab12")
+    assert [b["cache_salt"] for b in completion_bodies(request, "m")] == ["ab12", "ab12"]
+    assert tokens_body(completion_bodies(request, "m")[0], PROMPT, [])["cache_salt"] == "ab12"
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import httpx
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
-CONTRACT_VERSION = 1  # reported in /health; tx refuses an external engine that reports another
+CONTRACT_VERSION = 2  # reported in /health; tx refuses an external engine that reports another (2: cache_namespace)
 
 ROUTE_HEALTH = "/health"  # GET, no secret
 ROUTE_GENERATE = "/generate"  # POST GenerateRequest -> GenerateResponse
@@ -107,9 +107,15 @@ class GenerateRequest(_Wire):
         default=None, ge=0, description="only the last n prompt positions; earlier ones are null"
     )
     adapter: str | None = Field(default=None, description="a loaded adapter's name; null = the base model")
+    cache_namespace: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[0-9a-f]+$",
+        description="requests of different namespaces share no prefix-cache entries (an inflight sampling "
+        "session's own, whose adapter changes weights in place); null = the shared cache",
+    )
 
     @classmethod
-    def from_sample_request(cls, request: SampleRequest, adapter: str | None = None) -> GenerateRequest:
+    def from_sample_request(cls, request: SampleRequest, adapter: str | None = None,
+                            cache_namespace: str | None = None) -> GenerateRequest:
         """The engine request for a domain `SampleRequest` (the engine client's edge). A prompt with images
         must have been expanded (`SampleRequest.expanded`); without that, it must be text only."""
         params = request.params
@@ -135,6 +141,7 @@ class GenerateRequest(_Wire):
             topk_prompt_logprobs=request.topk_prompt_logprobs,
             prompt_logprobs_last_n=request.prompt_logprobs_last_n,
             adapter=adapter,
+            cache_namespace=cache_namespace,
         )
 
 

@@ -59,7 +59,7 @@ class CheckpointWriter:
                                  sampling_session_seq_id: int | None, ttl_s: int | None,
                                  user_metadata: dict[str, Any] | None, inflight: bool = False) -> Future:
         """`inflight`: the new sampling client follows the run's inflight weights (`SamplingClientKind`): this save
-        and every later inflight save of the run, pushed into engines in place (docs/engines.md)."""
+        and every later inflight save of the run, pushed into engines in place (docs/engines.md#weight-versions)."""
         if name is None and sampling_session_seq_id is None:
             raise UserError("save_weights_for_sampler needs a path or a sampling_session_seq_id")
         if name is not None and inflight:

@@ -112,9 +112,10 @@ class InferenceClient:
             raise EngineRequestError(engine, 503, str(exc)) from exc
 
     async def sample(self, engine: str, session_key: str, request: SampleRequest, adapter: str | None,
-                     on_abort: Wait | None = None) -> SampleResult:
-        """The domain's sample on `engine` (with `adapter`, or the base model): this client is its edge, where
-        the request becomes the engine contract's and the answer the domain's result."""
-        answer = await self.generate(engine, session_key, GenerateRequest.from_sample_request(request, adapter),
-                                     on_abort)
+                     on_abort: Wait | None = None, cache_namespace: str | None = None) -> SampleResult:
+        """The domain's sample on `engine` (with `adapter`, or the base model; in its own prefix-cache namespace
+        if given): this client is its edge, where the request becomes the engine contract's and the answer the
+        domain's result."""
+        generate = GenerateRequest.from_sample_request(request, adapter, cache_namespace)
+        answer = await self.generate(engine, session_key, generate, on_abort)
         return answer.to_sample_result()

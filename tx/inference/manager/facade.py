@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -52,6 +53,14 @@ def engine_error(exc: EngineRequestError) -> Exception:
     if exc.status == 400:
         return UserError(exc.detail)
     return RuntimeError(f"engine {exc.name} answered {exc.status}: {exc.detail}")
+
+
+def cache_namespace(key: SampleKey, version: WeightVersion | None) -> str | None:
+    """An inflight sampling session's own prefix-cache namespace: its adapter's weights change in place, so no
+    other session may reuse what it cached (`SamplingClientKind`); None (the shared cache) for the others."""
+    if version is None or version.inflight is None:
+        return None
+    return hashlib.sha256(key.sampler_id.encode()).hexdigest()[:32]
 
 
 class EngineManager:
@@ -117,7 +126,8 @@ class EngineManager:
                 await self.supervisor.ensure_running(group, slot)
                 async with self.publisher.holding(slot, version) as adapter:
                     result = await self.client.sample(slot.name, str(key), request, adapter,
-                                                      on_abort=lambda: self.lifecycle.resume_after_training(group))
+                                                      on_abort=lambda: self.lifecycle.resume_after_training(group),
+                                                      cache_namespace=cache_namespace(key, version))
                 result.weights_version = None if version is None else version.number
                 return result
             except EngineUnavailable as exc:

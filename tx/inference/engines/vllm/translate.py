@@ -54,6 +54,8 @@ def completion_bodies(
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
+    if request.cache_namespace is not None:  # vLLM's prefix cache keeps salted blocks apart
+        base["cache_salt"] = request.cache_namespace
     prompt_k = request.topk_prompt_logprobs if wants_prompt else None
     if not split:
         return [{**base, "n": request.n, "seed": request.seed, "prompt_logprobs": prompt_k}]
@@ -144,7 +146,7 @@ def tokens_body(
 ) -> dict[str, Any]:
     """The `/inference/v1/generate` body that asks what `completion` (a `completion_bodies` entry) asks, for
     the prompt `token_ids` (one placeholder per image) and its images as content parts."""
-    return {
+    body = {
         "model": completion["model"],
         "token_ids": list(token_ids),
         "content_parts": parts,
@@ -152,6 +154,9 @@ def tokens_body(
         "return_token_ids": True,
         "output_mode": "tokens",
     }
+    if "cache_salt" in completion:
+        body["cache_salt"] = completion["cache_salt"]
+    return body
 
 
 def tokens_answer(answer: dict[str, Any]) -> dict[str, Any]:
