@@ -34,3 +34,16 @@ def test_inflight_clients_follow_the_target_and_snapshots_stay(tmp_path: Path) -
     assert store.pinned("inflight-client", tmp_path / "a") is second
     with pytest.raises(UserError, match="no longer held"):
         store.pinned("snapshot-client", tmp_path / "b")
+
+
+def test_each_inflight_session_gets_its_own_prefix_cache_namespace(tmp_path: Path) -> None:
+    from tx.inference.manager.facade import cache_namespace
+    from tx.types import SampleKey
+
+    store = VersionStore(keep=2)
+    inflight, snapshot = save(store, tmp_path, "a", inflight=True), save(store, tmp_path, "b")
+    first, second = (cache_namespace(SampleKey(f"s:sample:{n}", 1), inflight) for n in (1, 2))
+    assert first and second and first != second and len(first) == 32
+    assert cache_namespace(SampleKey("s:sample:1", 2), inflight) == first  # one namespace per session
+    assert cache_namespace(SampleKey("s:sample:1", 1), snapshot) is None  # the shared cache
+    assert cache_namespace(SampleKey("s:sample:1", 1), None) is None
