@@ -14,13 +14,15 @@ GOOD_TOKENS = frozenset(range(0, VOCAB, 20))
 
 
 def run_rl_toy(client: tinker.ServiceClient, base_model: str, steps: int = 20, lr: float = 2e-2,
-               group: int = 16, max_tokens: int = 8) -> list[float]:
-    """Mean reward per step of importance-sampling RL with LoRA rank 8."""
+               group: int = 16, max_tokens: int = 8, loss_fn: str = "importance_sampling") -> list[float]:
+    """Mean reward per step of RL with LoRA rank 8 (`stable_reinforce`: samples recorded, datums with provenance,
+    as the cookbook does)."""
     tc = client.create_lora_training_client(base_model, rank=8, seed=0).result()
     prompt = [11, 12, 13, 14]
     mean_rewards = []
+    recorded = loss_fn == "stable_reinforce"
     for _ in range(steps):
-        sampler = tc.save_weights_and_get_sampling_client()
+        sampler = tc.save_weights_and_get_sampling_client(record_stability_info=recorded)
         result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=group,
                                 sampling_params=types.SamplingParams(max_tokens=max_tokens, temperature=1.0)).result()
         rewards = np.array([np.mean([t in GOOD_TOKENS for t in s.tokens]) for s in result.sequences])
@@ -28,7 +30,10 @@ def run_rl_toy(client: tinker.ServiceClient, base_model: str, steps: int = 20, l
         advantages = rewards - rewards.mean()
         data = [_datum(prompt, list(seq.tokens), list(seq.logprobs), float(adv))
                 for seq, adv in zip(result.sequences, advantages)]
-        tc.forward_backward(data, "importance_sampling").result()
+        if recorded:
+            data = [_with_provenance(d, len(prompt), len(seq.tokens), seq.sequence_id)
+                    for d, seq in zip(data, result.sequences)]
+        tc.forward_backward(data, loss_fn).result()
         tc.optim_step(types.AdamParams(learning_rate=lr)).result()
     return mean_rewards
 
@@ -43,6 +48,15 @@ def _datum(prompt: list[int], tokens: list[int], logprobs: list[float], advantag
             "logprobs": [0.0] * n_prompt + logprobs,
             "advantages": [0.0] * n_prompt + [advantage] * len(tokens),
         },
+    )
+
+
+def _with_provenance(datum: types.Datum, prompt: int, sampled: int, sequence_id: str) -> types.Datum:
+    return datum.with_provenance(
+        model_input=[types.PromptProvenanceSpan(sequence_id=sequence_id, length=prompt),
+                     types.SampledProvenanceSpan(sequence_id=sequence_id, length=sampled - 1)],
+        loss_fn_inputs=[types.PromptProvenanceSpan(sequence_id=sequence_id, offset=1, length=prompt - 1),
+                        types.SampledProvenanceSpan(sequence_id=sequence_id, length=sampled)],
     )
 
 

@@ -199,7 +199,8 @@ def test_sampler_logprobs_match_trainer_on_every_engine(server: TxServer, client
 
 
 def test_rl_toy_task_learns_on_external_engines(server: TxServer, client: tinker.ServiceClient) -> None:
-    assert_reward_rose(run_rl_toy(client, server_model(server)))
+    """With the cookbook's default loss: every sample recorded on the way through external engines."""
+    assert_reward_rose(run_rl_toy(client, server_model(server), loss_fn="stable_reinforce"))
 
 
 def test_killed_engine_loses_no_request_and_rejoins(server: TxServer, client: tinker.ServiceClient,
