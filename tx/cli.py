@@ -36,6 +36,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--trainer-workers", type=int,
                    help="trainer worker processes training one model together (default 1: in the server process)")
+    p.add_argument("--trainer-node-label", action="append", dest="trainer_node_labels", metavar="KEY=VALUE",
+                   help="with --ray-address: a Ray node label the trainer workers' nodes carry; repeatable")
     _trainer_arguments(p)
     p.add_argument("--seq-gap-timeout-s", type=float, help="wait for a missing seq_id this long")
     p.add_argument("--max-request-bytes", type=int, help="largest forward_backward/asample body (200 MiB)")
@@ -59,6 +61,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="engines share the trainer's accelerator and sleep during training (default: on with a GPU)",
     )
     p.add_argument("--ray-address", help="place engines as Ray actors ('auto', 'host:port', or 'local')")
+    p.add_argument("--engine-node-label", action="append", dest="engine_node_labels", metavar="KEY=VALUE",
+                   help="with --ray-address: a Ray node label the engines' nodes carry; repeatable")
     p.add_argument("--engine-sleep-level", type=int, choices=(1, 2), help="sleep level for colocated engines")
     p.add_argument("--engine-training-wait-s", type=float,
                    help="a colocated training pass waits this long for in-flight samples, then pauses them (5)")

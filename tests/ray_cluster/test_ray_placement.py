@@ -80,6 +80,34 @@ def test_cluster_without_enough_gpus_is_a_clear_error():
         spec.check_fits({"GPU": 8.0, "CPU": 2.0})
 
 
+def test_node_labels_give_each_bundle_its_sides_selector():
+    spec = PlacementSpec(num_engines=1, num_trainer_workers=2, use_gpu=False,
+                         trainer_labels={"tx-node": "a"}, engine_labels={"tx-node": "b"})
+    assert spec.label_selectors() == [{"tx-node": "a"}, {"tx-node": "a"}, {"tx-node": "b"}]
+    assert PlacementSpec(num_engines=2, use_gpu=False).label_selectors() is None  # Ray is not asked
+    engines_only = PlacementSpec(num_engines=2, num_trainer_workers=1, engine_labels={"pool": "gen"})
+    assert engines_only.label_selectors() == [{}, {"pool": "gen"}, {"pool": "gen"}]
+
+
+def test_colocated_bundles_ask_for_both_sides_labels():
+    spec = PlacementSpec(num_engines=1, num_trainer_workers=2, colocate=True,
+                         trainer_labels={"zone": "x"}, engine_labels={"gpu": "h100"})
+    assert spec.label_selectors() == [{"zone": "x", "gpu": "h100"}] * 2
+    with pytest.raises(ValueError, match="differ on tx-node"):
+        PlacementSpec(num_engines=1, num_trainer_workers=1, colocate=True,
+                      trainer_labels={"tx-node": "a"}, engine_labels={"tx-node": "b"})
+
+
+def test_a_label_no_node_carries_is_a_clear_error():
+    spec = PlacementSpec(num_engines=1, num_trainer_workers=2, use_gpu=False,
+                         trainer_labels={"tx-node": "a"}, engine_labels={"tx-node": "b"})
+    nodes = [{"ray.io/node-id": "1", "tx-node": "a"}, {"ray.io/node-id": "2", "tx-node": "b", "zone": "x"}]
+    spec.check_labels(nodes)
+    with pytest.raises(ValueError, match=r"no node .* has the labels tx-node=b \(the nodes carry: tx-node=a\)"):
+        spec.check_labels(nodes[:1])
+    PlacementSpec(num_engines=1, use_gpu=False).check_labels([])  # no labels asked: nothing to check
+
+
 def test_missing_ray_names_the_extra(monkeypatch):
     from tx.ray import import_ray
 

@@ -139,6 +139,12 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _trainer_labels_need_ray(self) -> Settings:
+        if self.trainer.node_labels and self.engines.ray_address is None:
+            raise ValueError("trainer_node_labels places trainer workers on Ray nodes: set --ray-address too")
+        return self
+
     @property
     def store_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'tx.db'}"

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
@@ -31,6 +32,32 @@ class Section(BaseModel):
 
 def _flat_name(name: str, field: FieldInfo) -> str:
     return field.validation_alias if isinstance(field.validation_alias, str) else name
+
+
+_LABEL_PART = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"  # Ray's (Kubernetes') label syntax
+_LABEL_KEY = re.compile(rf"({_LABEL_PART}(\.{_LABEL_PART})*/)?{_LABEL_PART}")
+
+
+def _node_labels(value: object) -> object:
+    """{key: value} from "k=v,k2=v2" (a TX_ variable), ["k=v", ...] (repeated flags) or a dict."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.lstrip().startswith("{") else [p for p in value.split(",") if p.strip()]
+    if isinstance(value, list):
+        pairs = [str(item).partition("=") for item in value]
+        bad = [key for key, eq, _ in pairs if not eq]
+        if bad:
+            raise ValueError(f"a node label is key=value, got {bad[0]!r}")
+        value = {key.strip(): label.strip() for key, _, label in pairs}
+    if isinstance(value, dict):
+        for key, label in value.items():
+            if not _LABEL_KEY.fullmatch(str(key)) or not re.fullmatch(_LABEL_PART, str(label)):
+                raise ValueError(f"{key}={label} is not a Ray node label (letters, digits, '-', '_', '.'; "
+                                 "at most 63 characters; a key may have a 'prefix/')")
+    return value
+
+
+# Ray node labels a placement asks for (`ray start --labels k=v`), matched exactly
+NodeLabels = Annotated[dict[str, str], NoDecode, BeforeValidator(_node_labels)]
 
 
 class TrainerSection(Section):
@@ -72,6 +99,18 @@ class TrainerSection(Section):
         description="Longest datum the trainer accepts; longer ones are refused as a user error. "
         "Default: the model's context length.",
     )
+    node_labels: NodeLabels = Field(
+        default_factory=dict, validation_alias="trainer_node_labels",
+        description="With --ray-address and trainer workers: Ray node labels (key=value) the workers' nodes "
+        "must carry (`ray start --labels`). In TX_TRAINER_NODE_LABELS: comma-separated.",
+    )
+
+    @model_validator(mode="after")
+    def _labels_place_workers(self) -> TrainerSection:
+        if self.node_labels and self.workers < 2:
+            raise ValueError("trainer_node_labels places trainer workers: set --trainer-workers 2 or more "
+                             "(with 1 the trainer runs inside the server process)")
+        return self
 
     def resolved(self, device_type: str) -> TrainerSection:
         """This section with dtype and checkpointing chosen for `device_type` ("cpu", "cuda")."""
@@ -151,6 +190,11 @@ class EngineSection(Section):
         default=None, description="Place engines as Ray actors on this cluster ('auto', 'host:port', 'local' "
         "for a Ray started by tx). Needs the [ray] extra. Unset: local processes."
     )
+    node_labels: NodeLabels = Field(
+        default_factory=dict, validation_alias="engine_node_labels",
+        description="With --ray-address: Ray node labels (key=value) the engines' nodes must carry "
+        "(`ray start --labels`). In TX_ENGINE_NODE_LABELS: comma-separated.",
+    )
 
     @field_validator("urls", mode="before")
     @classmethod
@@ -170,6 +214,8 @@ class EngineSection(Section):
             )
         if self.count == 0 and not self.urls:
             raise ValueError("--engine-count 0 leaves nothing to sample from: give --engine-url too")
+        if self.node_labels and self.ray_address is None:
+            raise ValueError("engine_node_labels places engines on Ray nodes: set --ray-address too")
         return self
 
     def managed_count(self, has_external: bool) -> int:

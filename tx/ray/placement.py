@@ -14,14 +14,18 @@ Layout (docs/engines.md#engines-on-ray; after SkyRL's and vLLM's RLHF examples):
   child process of the actor, outside Ray). Its t bundles must be on one node (PACK does that when the
   nodes have t GPUs or more free; STRICT_PACK forces it for the whole group).
 - Without GPUs (`use_gpu=False`) bundles hold CPUs only; useful for CPU clusters and tests.
+- Named nodes: `trainer_labels` / `engine_labels` are Ray node labels (`ray start --labels k=v`) that the
+  trainer's / the engines' bundles ask for (one label selector per bundle, exact matches), so the trainer
+  workers and the engines land on the nodes an operator named (docs/operations.md#a-ray-cluster). Colocated
+  bundles hold both, so they ask for both.
 
 The launcher turns an `ActorPlacement` into Ray's actor options; nothing here starts anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
@@ -48,6 +52,8 @@ class PlacementSpec:
     cpus_per_bundle: float = 1.0
     use_gpu: bool = True  # False: CPU-only bundles (no GPU claims)
     strategy: str = "PACK"
+    trainer_labels: Mapping[str, str] = field(default_factory=dict)  # Ray node labels the trainer's bundles ask
+    engine_labels: Mapping[str, str] = field(default_factory=dict)  # ... and the engines' bundles
 
     def __post_init__(self) -> None:
         if self.num_engines < 1:
@@ -67,6 +73,11 @@ class PlacementSpec:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.colocate and not self.use_gpu:
             raise ValueError("colocate shares GPUs between trainers and engines: it needs use_gpu=True")
+        if self.colocate:
+            clash = [k for k, v in self.trainer_labels.items() if self.engine_labels.get(k, v) != v]
+            if clash:
+                raise ValueError(f"colocated trainer workers and engines share bundles, but their node labels "
+                                 f"differ on {', '.join(clash)}")
 
     @property
     def engine_gpus(self) -> int:
@@ -86,6 +97,26 @@ class PlacementSpec:
     def bundles(self) -> list[dict[str, float]]:
         bundle = {"GPU": 1, "CPU": self.cpus_per_bundle} if self.use_gpu else {"CPU": self.cpus_per_bundle}
         return [dict(bundle) for _ in range(self.num_bundles)]
+
+    def label_selectors(self) -> list[dict[str, str]] | None:
+        """One Ray label selector per bundle (Ray's `bundle_label_selector`); None when no labels are asked."""
+        if not self.trainer_labels and not self.engine_labels:
+            return None
+        if self.colocate:
+            return [{**self.trainer_labels, **self.engine_labels} for _ in range(self.num_bundles)]
+        trainer = [dict(self.trainer_labels) for _ in range(self.num_trainer_workers)]
+        return trainer + [dict(self.engine_labels) for _ in range(self.engine_gpus)]
+
+    def check_labels(self, node_labels: Iterable[Mapping[str, str]]) -> None:
+        """ValueError, naming the selector and the labels there are, if no node carries the labels asked."""
+        nodes = [dict(labels) for labels in node_labels]
+        for selector in {tuple(sorted(s.items())) for s in self.label_selectors() or []}:
+            if not any(all(node.get(k) == v for k, v in selector) for node in nodes):
+                asked = ", ".join(f"{k}={v}" for k, v in selector)
+                there = sorted({f"{k}={v}" for node in nodes for k, v in node.items()
+                                if not k.startswith("ray.io/")})
+                raise ValueError(f"no node of the Ray cluster has the labels {asked} (the nodes carry: "
+                                 f"{', '.join(there) or 'none'}); start one with `ray start --labels ...`")
 
     def claim(self) -> tuple[float, float]:
         """(num_gpus, num_cpus) one actor claims from its bundle."""

@@ -83,3 +83,24 @@ def test_bad_values_name_the_flat_setting(monkeypatch: pytest.MonkeyPatch) -> No
 def test_engine_dtype_follows_the_trainer_unless_set(fields: dict, dtype: str) -> None:
     settings = Settings(**fields)
     assert settings.engines.resolved_dtype(settings.trainer) == dtype
+
+
+def test_node_labels_from_flags_and_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TX_ENGINE_NODE_LABELS", "tx-node=b,pool=gen")
+    args = build_parser().parse_args(["serve", "--ray-address", "auto", "--trainer-workers", "2",
+                                      "--trainer-node-label", "tx-node=a", "--trainer-node-label", "zone=x"])
+    settings = Settings(**{k: v for k, v in vars(args).items() if v is not None and k != "command"})
+    assert settings.trainer.node_labels == {"tx-node": "a", "zone": "x"}
+    assert settings.engines.node_labels == {"tx-node": "b", "pool": "gen"}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"ray_address": "auto", "engine_node_labels": ["tx-node"]}, "key=value, got 'tx-node'"),
+    ({"ray_address": "auto", "engine_node_labels": ["tx node=b"]}, "not a Ray node label"),
+    ({"engine_node_labels": ["tx-node=b"]}, "set --ray-address"),
+    ({"trainer_workers": 2, "trainer_node_labels": ["tx-node=a"]}, "set --ray-address"),
+    ({"ray_address": "auto", "trainer_node_labels": ["tx-node=a"]}, "--trainer-workers 2 or more"),
+])
+def test_node_labels_refused_where_they_place_nothing(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**fields)

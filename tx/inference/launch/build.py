@@ -1,7 +1,8 @@
 """The launcher the settings ask for: engines as local child processes, or as Ray actors with `ray_address`.
 
 `build_launcher` reads the engines' section, and of the trainer's section what engines follow: its dtype
-(the engines' default) and its worker count (trainer ranks share the Ray placement group with the engines).
+(the engines' default), its worker count and node labels (trainer ranks share the Ray placement group with the
+engines).
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ def build_launcher(engines: EngineSection, trainer: TrainerSection, *, work_dir:
 
     address = None if engines.ray_address == "local" else engines.ray_address
     connect(address)
-    use_gpu = import_ray().cluster_resources().get("GPU", 0) > 0
+    ray = import_ray()
+    use_gpu = ray.cluster_resources().get("GPU", 0) > 0
     spec = PlacementSpec(num_engines=num_engines, tensor_parallel_size=engines.tensor_parallel_size,
                          num_trainer_workers=trainer.workers if trainer.workers > 1 else 0,
-                         colocate=colocate and use_gpu, use_gpu=use_gpu)
+                         colocate=colocate and use_gpu, use_gpu=use_gpu,
+                         trainer_labels=trainer.node_labels, engine_labels=engines.node_labels)
+    spec.check_labels(node["Labels"] for node in ray.nodes() if node["Alive"])  # a missing node: refused now
     return RayLauncher(spec, secret, engine=engines.kind, address=address, work_dir=work_dir,
                        max_adapters=engines.max_adapters, **options)
 

@@ -6,6 +6,8 @@ Design / who owns what:
 - The launcher owns one placement group, built from a `PlacementSpec` on the first `start` (after
   checking the cluster can hold it). Each engine name gets a slot (bundle) the first time it starts
   and keeps it across restarts; trainer workers get their options from `trainer_options`.
+- Named nodes: the spec's node labels (`--trainer-node-label`, `--engine-node-label`) become each bundle's
+  label selector, so Ray puts the trainer's bundles and the engines' on the nodes that carry them.
 - One `EngineActor` per engine; it owns the engine process, of the kind the launcher was built for
   (`engine="embedded"` or `"vllm"`, with that engine's options, e.g. vLLM's dtype and extra args).
   A vLLM engine wider than one GPU (tensor parallel) gets the GPUs of all its bundles in
@@ -188,15 +190,17 @@ class RayLauncher:
             if self.group is None:
                 connect(self.address)
                 self.placement.check_fits(ray.cluster_resources())
-                group = placement_group(self.placement.bundles(), strategy=self.placement.strategy)
+                selectors = self.placement.label_selectors()  # None (Ray's default) unless nodes are named
+                group = placement_group(self.placement.bundles(), strategy=self.placement.strategy,
+                                        bundle_label_selector=selectors)  # pyright: ignore[reportArgumentType]
                 try:
                     await asyncio.wait_for(group.ready(), self.placement_timeout_s)
                 except TimeoutError:
                     remove_placement_group(group)
                     raise RuntimeError(
                         f"the placement group ({len(self.placement.bundles())} bundles of "
-                        f"{self.placement.bundles()[0]}) was not ready after {self.placement_timeout_s} s; "
-                        f"the cluster has {ray.available_resources()} available"
+                        f"{self.placement.bundles()[0]}, node labels {selectors}) was not ready after "
+                        f"{self.placement_timeout_s} s; the cluster has {ray.available_resources()} available"
                     ) from None
                 self.group = group
             return self.group
