@@ -31,11 +31,14 @@ class EngineActor:
     """Runs one engine of `kind` as a child process of this actor."""
 
     def __init__(self, name: str, kind: str, engine_fields: dict, env: dict[str, str], work_dir: str | None,
-                 driver_node_ip: str | None) -> None:
+                 driver_node_id: str | None) -> None:
+        """`driver_node_id`: the Ray node of the server; on another node the engine binds its node's address
+        (two Ray nodes may share one machine's address, and still it serves as it would on another machine)."""
         import ray  # inside the actor process Ray is always there
 
         self.kind = engine_kind(kind)
         self.node_ip = ray.util.get_node_ip_address()
+        node_id = ray.get_runtime_context().get_node_id()
         os.environ.update(env)
         if work_dir is None:
             self.run_dir = Path(tempfile.mkdtemp(prefix=f"tx-{name}-"))
@@ -43,7 +46,7 @@ class EngineActor:
             Path(work_dir).mkdir(parents=True, exist_ok=True)
             self.run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work_dir))
         if engine_fields.get("host") is None:  # loopback next to the server; the node's address elsewhere
-            same_node = driver_node_ip is not None and driver_node_ip == self.node_ip
+            same_node = driver_node_id is not None and driver_node_id == node_id
             engine_fields = {**engine_fields, "host": "127.0.0.1" if same_node else self.node_ip}
         self.fields = engine_fields
         self.process = None

@@ -145,7 +145,7 @@ class RayLauncher:
         }
         env = await bundle_gpus(placement, group, self.placement)
         actor_class = _remote_engine_actor().options(max_restarts=0, **ray_options(placement, group))
-        here = ray.util.get_node_ip_address()
+        here = ray.get_runtime_context().get_node_id()
         actor = actor_class.remote(name, self.kind.name, fields, env, _str(self.work_dir), here)
         try:
             ready = actor.ready.remote(self.startup_timeout_s)
