@@ -11,7 +11,6 @@ address, not loopback, and the weights reach it over gloo by that address, as on
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -25,7 +24,6 @@ ray = pytest.importorskip("ray")
 if not hasattr(ray, "init"):  # tests/ is on sys.path, so tests/ray can pose as the package
     pytest.skip("ray is not installed (pip install 'tx[ray]')", allow_module_level=True)
 from ray.cluster_utils import Cluster
-
 from rl_toy import assert_reward_rose, run_rl_toy
 from txserver import TxServer
 
