@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from tx.core.scheduler import Scheduler
 
 STATES = ("absent", "starting", "awake", "asleep")
+# Labels come from fixed sets only: the method from these (anything else is "other"), the route from the app's
+# own templates (a path no route matched is "unmatched"), so no request can add a series of its own.
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+UNMATCHED = "unmatched"
 
 
 class Metrics:
@@ -48,6 +52,8 @@ class Metrics:
         self.registry.register(self._collector)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        """Count one request; `route` is a route template of the app or UNMATCHED."""
+        method = method if method in METHODS else "other"
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
 
@@ -114,6 +120,11 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe(scope["method"], template, status, time.perf_counter() - start)
+            self.metrics.observe(scope["method"], _template(scope), status, time.perf_counter() - start)
+
+
+def _template(scope: dict) -> str:
+    """The template of the route that matched (one of the app's own), or UNMATCHED."""
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    return template if isinstance(template, str) and template else UNMATCHED

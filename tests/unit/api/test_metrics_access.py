@@ -68,3 +68,20 @@ def test_two_apps_in_one_process_keep_their_own_metrics(tmp_path: Path) -> None:
             two = samples(second.get("/metrics").text, "tx_http_requests_total")
             key = (("method", "GET"), ("route", "/api/v1/healthz"), ("status", "200"))
             assert one[key] == 1 and key not in two
+
+
+def test_made_up_methods_and_paths_add_no_series(guarded: TestClient) -> None:
+    """Finding 3 of the shared-server probe: the raw HTTP method was a label, so unauthenticated requests with
+    made-up methods grew /metrics without a bound. Labels now come from a fixed set."""
+    before = len(guarded.get("/metrics", headers={"X-API-Key": "op-secret"}).text)
+    for i in range(200):
+        guarded.request(f"X{i}METHOD", f"/no/such/path/{i}")
+        guarded.request(f"Y{i}", "/api/v1/healthz")
+    text = guarded.get("/metrics", headers={"X-API-Key": "op-secret"}).text
+    counts = samples(text, "tx_http_requests_total")
+    methods = {dict(key)["method"] for key in counts}
+    routes = {dict(key)["route"] for key in counts}
+    assert methods <= {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "other"}
+    assert not any("/no/such/path" in route for route in routes)
+    assert sum(value for key, value in counts.items() if dict(key)["method"] == "other") == 400
+    assert len(text) < before + 20_000  # a handful of new series, not 400
