@@ -66,6 +66,13 @@ def test_server_side_custom_loss_trains_like_the_client_side_path(service_client
         np.testing.assert_allclose(x["logprobs"].to_numpy(), y["logprobs"].to_numpy(), atol=1e-5)
 
 
+def _nested(depth: int) -> object:
+    value: object = {"ref": "logprobs"}
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _graph(*nodes: dict) -> list[dict]:
     head = [{"op": "placeholder", "name": "logprobs", "target": "logprobs"}]
     tail = [{"op": "output", "name": "output", "target": "output",
@@ -91,6 +98,11 @@ def _graph(*nodes: dict) -> list[dict]:
         (_graph({"op": "get_attr", "name": "w", "target": "weight"}), "get_attr"),
         (_graph({"op": "call_function", "name": "e", "target": "torch.exp", "args": [{"ref": "nowhere"}]}),
          "'nowhere'"),
+        # the shared-server probe: pure-Python arithmetic on request values froze the server; deep nesting was a 500
+        (_graph({"op": "call_function", "name": "big", "target": "operator.pow", "args": [3, 20000000]}),
+         "node 'big' computes operator.pow on the request's constants only"),
+        (_graph({"op": "call_function", "name": "deep", "target": "torch.stack", "args": [_nested(600)]}),
+         "node 'deep' has arguments nested over 16 deep"),
     ],
 )
 def test_graphs_outside_the_allowlist_are_refused(server: TxServer, service_client: tinker.ServiceClient,

@@ -31,6 +31,7 @@ from tx.backends.torch.custom_loss import (
     reduce_metrics,
     run_on_data,
 )
+from tx.backends.torch.custom_loss_limits import LossBudget
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.memory import (
     OUT_OF_MEMORY,
@@ -166,6 +167,7 @@ class TorchBackend(TrainingBackend):
         start = time.perf_counter()
         run = self._run(model_id)
         custom = compile_loss(batch.custom_loss) if batch.custom_loss is not None else None
+        limits = LossBudget()  # the custom loss's limits, over every micro-batch of this call
         loss_fn, config = batch_loss(batch)
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
         items = prepare_data(
@@ -180,7 +182,8 @@ class TorchBackend(TrainingBackend):
             outputs, loss, sums = [], 0.0, {}
             for group in groups:
                 micro = build_micro_batch([items[i] for i in group], self.device, vision)
-                step = None if custom is None else _custom_step(custom, [batch.data[i] for i in group], self.device)
+                step = None if custom is None else _custom_step(custom, [batch.data[i] for i in group], self.device,
+                                                                 limits)
                 result = run_micro_batch(host, run.adapter, micro, loss_fn, config, batch.forward_only, step)
                 outputs += [{"logprobs": lp} for lp in result.logprobs]
                 loss += result.loss
@@ -257,9 +260,9 @@ class TorchBackend(TrainingBackend):
             yield name, param.detach()
 
 
-def _custom_step(loss: CompiledLoss, data: list[Datum], device: torch.device) -> CustomStep:
+def _custom_step(loss: CompiledLoss, data: list[Datum], device: torch.device, budget: LossBudget) -> CustomStep:
     inputs = [datum.loss_fn_inputs for datum in data]
-    return lambda logprobs: run_on_data(loss, logprobs, inputs, device)
+    return lambda logprobs: run_on_data(loss, logprobs, inputs, device, budget)
 
 
 def _grads(run: Run) -> dict[str, torch.Tensor | None]:

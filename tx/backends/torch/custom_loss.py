@@ -11,6 +11,9 @@ Security rules (the graph is untrusted data):
   argument can name a callable or a module. `get_attr` and `call_module` nodes are refused.
 - The graph runs in an interpreter over its nodes (no code is generated) and every failure inside
   it is a UserError naming the node.
+- It computes on tensors, within bounds (`custom_loss_limits.py`): Python arithmetic on the request's own
+  constants is refused at upload, and what it may allocate, the Python numbers it may make and the time it
+  may take are limited when it runs.
 
 The loss runs once per datum, on (logprobs, *the loss_fn_inputs it names), and returns
 (scalar loss, {"custom/<name>:sum|mean": scalar}); the losses are summed, as the SDK's own
@@ -19,6 +22,7 @@ client-side path (`run_loss_handle`) does, so both paths give the same result.
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import re
@@ -30,9 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch.fx.node import _get_qualified_name
 
+from tx.backends.torch.custom_loss_limits import LossBudget, check_constant, check_nesting, check_operands
 from tx.types import CustomLoss, UserError
 
 MAX_NODES = 4096
+MAX_GRAPH_BYTES = 1 << 20  # the graph as JSON; a traced loss takes a few KiB
 _METRIC_KEY = re.compile(r"custom/[a-z0-9_./-]{1,64}:(sum|mean)")
 _INPUT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 
@@ -66,6 +72,7 @@ def _wire_name(fn: Callable[..., Any]) -> str:
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {_wire_name(fn): fn for fn in _ALLOWED_FUNCTIONS}
+PYTHON_OPERATORS = frozenset(name for name in FUNCTIONS if name.startswith(("operator.", "math.")))
 GETATTR = "getattr"  # fx's target for attribute reads; checked by `_check_getattr`
 ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T", "mT"})
 METHODS: dict[str, Callable[..., Any]] = {
@@ -112,7 +119,9 @@ class CompiledLoss:
     input_names: tuple[str, ...]  # the loss_fn_inputs keys it reads, after logprobs
     nodes: tuple[_Node, ...]
 
-    def __call__(self, logprobs: torch.Tensor, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    def __call__(self, logprobs: torch.Tensor, inputs: Sequence[torch.Tensor],
+                 budget: LossBudget | None = None) -> tuple[torch.Tensor, dict]:
+        budget = budget or LossBudget()
         values: dict[str, Any] = {}
         placeholders = iter((logprobs, *inputs))
         for node in self.nodes:
@@ -122,7 +131,11 @@ class CompiledLoss:
                 elif node.op == "output":
                     return _resolve(node.args[0], values)
                 else:
-                    values[node.name] = _call(node, _resolve(node.args, values), _resolve(node.kwargs, values))
+                    args, kwargs = _resolve(node.args, values), _resolve(node.kwargs, values)
+                    where = f"custom loss {self.name!r}, node {node.name!r}"
+                    budget.before(where, node.target, node.target in PYTHON_OPERATORS, args, kwargs)
+                    values[node.name] = _call(node, args, kwargs)
+                    budget.after(where, values[node.name])
             except UserError:
                 raise
             except Exception as exc:  # any failure of the user's graph is the user's error
@@ -137,6 +150,11 @@ def compile_loss(loss: CustomLoss) -> CompiledLoss:
         raise UserError("custom loss graph has no nodes")
     if len(loss.nodes) > MAX_NODES:
         raise UserError(f"custom loss graph has {len(loss.nodes)} nodes; at most {MAX_NODES} are accepted")
+    for index, raw in enumerate(loss.nodes):
+        check_nesting(raw, f"custom loss graph node {raw.get('name', index) if isinstance(raw, dict) else index!r}")
+    size = len(json.dumps(loss.nodes, default=str))
+    if size > MAX_GRAPH_BYTES:
+        raise UserError(f"custom loss graph is {size} bytes of JSON; at most {MAX_GRAPH_BYTES} are accepted")
     nodes: list[_Node] = []
     seen: set[str] = set()
     for raw in loss.nodes:
@@ -180,6 +198,7 @@ def _parse_node(raw: Any, seen: set[str]) -> _Node:
     args, kwargs = raw.get("args", []), raw.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UserError(f"custom loss graph node {name!r}: args must be a list and kwargs an object")
+    check_nesting([args, kwargs], f"custom loss graph node {name!r}")
     decode = lambda value: _decode(value, seen, name)  # noqa: E731
     return _Node(
         op=str(raw.get("op")), name=name, target=raw["target"],
@@ -194,6 +213,8 @@ def _check_node(node: _Node) -> None:
             _check_getattr(node, where)
         elif node.target not in FUNCTIONS:
             raise UserError(f"{where} calls {node.target!r}, which is not an allowed function")
+        elif node.target in PYTHON_OPERATORS:
+            check_operands(where, node.target, node.args, node.kwargs, _Ref)
     elif node.op == "call_method":
         if node.target not in METHODS:
             raise UserError(f"{where} calls method {node.target!r}, which is not an allowed tensor method")
@@ -225,6 +246,7 @@ def _check_output(node: _Node) -> None:
 def _decode(value: Any, seen: set[str], where: str) -> Any:
     """An encoded argument as a value: constants, _Ref to earlier nodes, tuples, dicts, slices."""
     if value is None or isinstance(value, (bool, int, float, str)):
+        check_constant(value, f"custom loss graph node {where!r}")
         return value
     if isinstance(value, list):
         return [_decode(v, seen, where) for v in value]
@@ -274,18 +296,22 @@ def _call(node: _Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def run_on_data(
-    loss: CompiledLoss, logprobs: Sequence[torch.Tensor], data_inputs: Sequence[dict[str, Any]], device: torch.device
+    loss: CompiledLoss, logprobs: Sequence[torch.Tensor], data_inputs: Sequence[dict[str, Any]], device: torch.device,
+    budget: LossBudget | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ over datums of the loss on (datum logprobs, its named inputs), and the sum of each metric over them
     (`reduce_metrics` averages the :mean ones once every micro-batch is done).
 
     `logprobs[i]` is datum i's (N,) or (N, K) tensor; `data_inputs[i]` its loss_fn_inputs (numpy), which
-    `tx.backends.datums.check_custom_inputs` has checked against the loss's declared inputs."""
+    `tx.backends.datums.check_custom_inputs` has checked against the loss's declared inputs. `budget`: the limits
+    of the whole forward_backward (one per call; a new one when not given)."""
+    budget = budget or LossBudget()
     total: torch.Tensor | None = None
     sums: dict[str, float] = {}
     for index, (lp, inputs) in enumerate(zip(logprobs, data_inputs, strict=True)):
         args = [torch.as_tensor(inputs[name]).to(device) for name in loss.input_names]
-        value, metrics = loss(lp, args)
+        budget.admit_inputs([lp, *args])
+        value, metrics = loss(lp, args, budget)
         if not isinstance(value, torch.Tensor) or value.ndim != 0 or not value.is_floating_point():
             raise UserError(f"datum {index}: loss {loss.name!r} must return a scalar float tensor")
         total = value if total is None else total + value
