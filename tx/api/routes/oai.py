@@ -7,6 +7,7 @@ each choice's text token by token once its sample is done (the engines answer wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -76,7 +77,7 @@ def _usage(result: TextResult) -> dict:
 
 def _completion_logprobs(choice: TextChoice) -> dict:
     kept = _kept(choice)
-    offsets = [sum(len(p) for p in choice.pieces[:i]) for i in range(kept)]
+    offsets = list(itertools.accumulate((len(p) for p in choice.pieces[:kept]), initial=0))[:kept]
     return {"tokens": choice.pieces[:kept], "token_logprobs": choice.logprobs[:kept], "top_logprobs": None,
             "text_offset": offsets}
 

@@ -5,19 +5,28 @@ read. Prompts are tokenized, and chat messages rendered with the model's own cha
 base model's tokenizer (loaded once, in the API process); the sample itself goes through
 `SamplingService.generate` (the same engines, router, weight versions and queue limit as asample).
 Text comes back cut before the first stop string, with no special tokens, split per token for
-streaming.
+streaming (`detokenize.IncrementalDetokenizer`: linear in the tokens).
+
+Tokenizer work (encoding, chat templates, decoding) runs in worker threads, never on the event loop, one
+call at a time per tokenizer (a fast tokenizer is not safe to share between threads that configure it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from tx.core.sampling.detokenize import decode_pieces
 from tx.core.sampling.samplers import Samplers
 from tx.core.sampling.service import SamplingService
 from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, UserError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,6 +51,7 @@ class TextSampling:
         self._sampling = sampling
         self._model_dirs = model_dirs
         self._tokenizers: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
 
     def base_models(self) -> list[str]:
         return sorted(self._model_dirs)
@@ -50,7 +60,10 @@ class TextSampling:
                        n: int) -> TextResult:
         base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
-        tokens = prompt if isinstance(prompt, list) else tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, list):
+            tokens = prompt
+        else:
+            tokens = await self._off_loop(base_model, lambda: tokenizer.encode(prompt, add_special_tokens=False))
         if any(not 0 <= token < len(tokenizer) for token in tokens):
             raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
         return await self._generate(tokenizer, base_model, weights_dir, model, tokens, params, n)
@@ -61,11 +74,7 @@ class TextSampling:
         tokenizer = await self._tokenizer(base_model)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # a template that raises on these messages (e.g. roles out of order)
-            raise UserError(f"the chat template of {base_model!r} refused these messages: {exc}") from None
-        tokens = tokenizer.encode(text, add_special_tokens=False)
+        tokens = await self._off_loop(base_model, lambda: _render_chat(tokenizer, base_model, messages))
         return await self._generate(tokenizer, base_model, weights_dir, model, tokens, params, n)
 
     async def _generate(self, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str,
@@ -74,8 +83,10 @@ class TextSampling:
             raise UserError("the prompt is empty")
         request = SampleRequest(prompt=ModelInput.from_tokens(tokens), num_samples=n, params=params)
         result = await self._sampling.generate(base_model, weights_dir, label, request)
-        choices = [_choice(tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, params.stop_strings)
-                   for seq in result.sequences]
+        choices = await self._off_loop(base_model, lambda: [
+            _choice(tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, params.stop_strings)
+            for seq in result.sequences
+        ])
         completion_tokens = sum(len(seq.tokens) for seq in result.sequences)
         return TextResult(prompt_tokens=len(tokens), completion_tokens=completion_tokens, choices=choices)
 
@@ -85,18 +96,35 @@ class TextSampling:
 
             directory = str(self._model_dirs[base_model])
             self._tokenizers[base_model] = await asyncio.to_thread(AutoTokenizer.from_pretrained, directory)
+            self._locks.setdefault(base_model, threading.Lock())
         return self._tokenizers[base_model]
+
+    async def _off_loop(self, base_model: str, work: Callable[[], T]) -> T:
+        """`work` (tokenizer calls) in a worker thread, one at a time per tokenizer."""
+        lock = self._locks.setdefault(base_model, threading.Lock())
+
+        def locked() -> T:
+            with lock:
+                return work()
+
+        return await asyncio.to_thread(locked)
+
+
+def _render_chat(tokenizer: Any, base_model: str, messages: list[dict[str, str]]) -> list[int]:
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # a template that raises on these messages (e.g. roles out of order)
+        raise UserError(f"the chat template of {base_model!r} refused these messages: {exc}") from None
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _choice(tokenizer: Any, tokens: list[int], logprobs: list[float], stop_reason: StopReason,
             stop_strings: tuple[str, ...]) -> TextChoice:
-    full = tokenizer.decode(tokens, skip_special_tokens=True)
+    pieces = decode_pieces(tokenizer, tokens)
+    full = "".join(pieces)
     cuts = [i for i in (full.find(stop) for stop in stop_strings) if i >= 0]
     text = full[: min(cuts)] if cuts else full
-    pieces, done = [], 0
-    for end in range(1, len(tokens) + 1):
-        upto = min(len(tokenizer.decode(tokens[:end], skip_special_tokens=True)), len(text))
-        pieces.append(text[done:upto] if upto > done else "")
-        done = max(done, upto)
+    ends = itertools.accumulate(len(piece) for piece in pieces)  # each piece clipped to the text kept
+    pieces = [text[max(0, end - len(piece)):end] for piece, end in zip(pieces, ends)]
     finish = "stop" if stop_reason == StopReason.STOP else "length"
     return TextChoice(text=text, tokens=list(tokens), pieces=pieces, logprobs=list(logprobs), finish_reason=finish)
