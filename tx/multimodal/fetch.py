@@ -131,12 +131,23 @@ class _Target:
 
 
 def address_refusal(address: str, policy: AssetPolicy) -> str | None:
-    """Why `policy` refuses connecting to IP `address` (e.g. "loopback address 127.0.0.1"), or None."""
+    """Why `policy` refuses connecting to IP `address` (e.g. "loopback address 127.0.0.1"), or None.
+
+    An IPv6 address that embeds an IPv4 one (IPv4-mapped ::ffff:a.b.c.d, IPv4-compatible ::a.b.c.d, NAT64
+    64:ff9b::/96, 6to4 2002::/16, Teredo 2001::/32) is refused when the IPv4 address it reaches would be; the
+    local-use NAT64 prefix 64:ff9b:1::/48 is never public."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if any(ip in ipaddress.ip_network(net, strict=False) for net in policy.allowed_networks):
+    if _allowed_network(ip, policy):
         return None
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _LOCAL_NAT64 and not policy.allow_private:
+            return f"non-public address {ip} (local-use NAT64)"
+        for embedded in _embedded_ipv4(ip):
+            reason = address_refusal(str(embedded), policy)
+            if reason is not None:
+                return reason if ip.ipv4_mapped is not None else f"{reason} (embedded in {ip})"
+        if ip.ipv4_mapped is not None:
+            return None
     if ip.is_multicast or ip.is_unspecified:
         return f"{'multicast' if ip.is_multicast else 'unspecified'} address {ip}"
     if ip.is_global or policy.allow_private:
@@ -144,6 +155,27 @@ def address_refusal(address: str, policy: AssetPolicy) -> str | None:
     kind = "loopback" if ip.is_loopback else "link-local" if ip.is_link_local else (
         "private" if ip.is_private else "non-public")
     return f"{kind} address {ip}"
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+_COMPATIBLE = ipaddress.ip_network("::/96")  # IPv4-compatible (deprecated), and :: and ::1 themselves
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, by every form that routes to one."""
+    found = [] if ip.ipv4_mapped is None else [ip.ipv4_mapped]
+    if ip in _NAT64 or (ip in _COMPATIBLE and int(ip) > 1):
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    if ip.sixtofour is not None:
+        found.append(ip.sixtofour)
+    if ip.teredo is not None:
+        found.extend(ip.teredo)  # (server, client)
+    return found
+
+
+def _allowed_network(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, policy: AssetPolicy) -> bool:
+    return any(ip in ipaddress.ip_network(net, strict=False) for net in policy.allowed_networks)
 
 
 def host_allowed(host: str, port: int, policy: AssetPolicy) -> bool:

@@ -18,12 +18,18 @@ import pytest
 from tx.multimodal.fetch import AssetPolicy, address_refusal, check_url, fetch_asset
 from tx.types import UserError
 
-PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111"]
+PUBLIC = ["93.184.216.34", "8.8.8.8", "2606:4700:4700::1111", "64:ff9b::808:808", "2002:808:808::1",
+          "::8.8.8.8", "::ffff:8.8.8.8"]
 REFUSED = {
     "127.0.0.1": "loopback", "127.8.9.10": "loopback", "::1": "loopback", "::ffff:127.0.0.1": "loopback",
     "10.0.0.1": "private", "172.16.5.4": "private", "192.168.1.1": "private", "fc00::1": "private",
     "169.254.169.254": "link-local", "fe80::1": "link-local", "::ffff:169.254.169.254": "link-local",
     "100.64.0.1": "non-public", "0.0.0.0": "unspecified", "::": "unspecified", "224.0.0.1": "multicast",
+    # IPv6 forms that embed an IPv4 address (the shared-server probe's finding 8): NAT64, 6to4, IPv4-compatible,
+    # Teredo (its client address is stored inverted) and the local-use NAT64 prefix
+    "64:ff9b::7f00:1": "loopback", "64:ff9b::a9fe:a9fe": "link-local", "64:ff9b::a00:1": "private",
+    "2002:7f00:1::": "loopback", "2002:a00:1:1::1": "private", "::127.0.0.1": "loopback", "::10.0.0.1": "private",
+    "2001:0:4136:e378:8000:63bf:80ff:fffe": "loopback", "64:ff9b:1::8.8.8.8": "non-public",
 }
 
 
