@@ -88,6 +88,20 @@ def test_deleting_an_export_frees_its_files_and_kills_its_links(server: TxServer
     assert all(httpx.get(u).status_code == 404 for u in urls.values())
 
 
+def test_a_link_dies_with_its_checkpoint_not_with_its_name(server: TxServer, trained: Trained) -> None:
+    """The shared-server probe's finding 7: a link worked again for a new checkpoint saved under the same name.
+    Links name the checkpoint's creation id."""
+    path = trained.tc.save_weights_external("reused").result().path
+    urls = trained.rest.get_external_weights_urls(path).result().urls
+    assert all(httpx.get(u).status_code == 200 for u in urls.values())
+    trained.rest.delete_checkpoint_from_tinker_path(path).result()
+    assert trained.tc.save_weights_external("reused").result().path == path
+    gone = [httpx.get(u) for u in urls.values()]
+    assert all(r.status_code == 404 and "saved again" in r.json()["detail"] for r in gone)
+    fresh = trained.rest.get_external_weights_urls(path).result().urls
+    assert all(httpx.get(u).status_code == 200 for u in fresh.values())
+
+
 def test_age_encrypted_export_decrypts_to_the_adapter(trained: Trained, external: str, tmp_path: Path) -> None:
     identity = pyrage.x25519.Identity.generate()
     path = trained.tc.save_weights_external("sealed", age_encryption_recipients=[str(identity.to_public())]).result().path

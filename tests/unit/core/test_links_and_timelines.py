@@ -86,3 +86,18 @@ def test_feeds_hold_a_bounded_number_of_events_dropping_unpolled_feeds_first() -
         assert (await feeds.poll(("ignored", 0), 0, timeout_s=0))[0] == []  # dropped whole
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("left", ["", "\n", "abc", "00" * 8])
+def test_an_empty_or_broken_key_file_is_replaced_never_used(tmp_path, left: str) -> None:
+    """The shared-server probe's finding 7: an empty download.key (a crash between create and write) was taken
+    as the HMAC key, so anyone could sign links."""
+    (tmp_path / KEY_FILE).write_text(left)
+    signer = DownloadSigner.from_data_dir(tmp_path, 60)
+    key = bytes.fromhex((tmp_path / KEY_FILE).read_text())
+    assert len(key) == 32 and os.stat(tmp_path / KEY_FILE).st_mode & 0o777 == 0o600
+    forged = DownloadSigner(bytes.fromhex(left.strip()) if left.strip() in ("", "00" * 8) else b"", 60)
+    token, _ = forged.sign(SCOPE)
+    with pytest.raises(NotFoundError, match="invalid"):
+        signer.verify(token)
+    assert DownloadSigner.from_data_dir(tmp_path, 60).verify(signer.sign(SCOPE)[0]) == SCOPE

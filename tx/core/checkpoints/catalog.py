@@ -73,21 +73,26 @@ class CheckpointCatalog:
         path = _path(run_id, checkpoint_id)
         if path.kind != "external_weights":
             raise UserError(f"{path} is not an external_weights checkpoint; export one with save_weights_external")
-        self.store.get_checkpoint(run_id, checkpoint_id, owner)
+        row = self.store.get_checkpoint(run_id, checkpoint_id, owner)
         tokens, expires = {}, 0.0
         for name in self.files.files(path):
-            tokens[name], expires = self.signer.sign(
-                LinkScope(kind="file", owner=owner, run_id=run_id, checkpoint_id=checkpoint_id, file=name)
-            )
+            tokens[name], expires = self.signer.sign(LinkScope(
+                kind="file", owner=owner, run_id=run_id, checkpoint_id=checkpoint_id,
+                creation_id=row.creation_id, file=name,
+            ))
         if not tokens:
             raise NotFoundError(f"checkpoint {path} has no files")
         return tokens, datetime.fromtimestamp(expires, timezone.utc)
 
     def linked_file(self, scope: LinkScope) -> Path:
-        """The file a verified link names, if its checkpoint still exists and has not expired."""
+        """The file a verified link names, if the very checkpoint it was made for still exists and has not
+        expired (not one saved again under its name since)."""
         if scope.kind != "file":
             raise NotFoundError("not a checkpoint file link")
-        self.store.get_checkpoint(scope.run_id, scope.checkpoint_id, scope.owner)
+        row = self.store.get_checkpoint(scope.run_id, scope.checkpoint_id, scope.owner)
+        if row.creation_id != scope.creation_id:
+            raise NotFoundError(f"tinker://{scope.run_id}/{scope.checkpoint_id} was saved again since this link "
+                                "was made; ask for new URLs")
         found = self.files.files(_path(scope.run_id, scope.checkpoint_id)).get(scope.file)
         if found is None or found.is_symlink():
             raise NotFoundError(f"file {scope.file!r} is no longer in tinker://{scope.run_id}/{scope.checkpoint_id}")

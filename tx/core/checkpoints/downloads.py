@@ -7,9 +7,12 @@ the credential. The rules:
 - A link names exactly one thing: one file of one checkpoint, or one session's trace. Its token
   holds that scope, the owner and an expiry, and an HMAC-SHA256 over all of them.
 - The HMAC key is random, made once and kept in the data directory (`download.key`, mode 0600),
-  so links survive a restart and no two servers share a key by accident.
-- A link stops working when it expires, or when its checkpoint is deleted or expires; it is
-  checked again on every request. A bad or expired link is a 404 that says which.
+  so links survive a restart and no two servers share a key by accident. A key file that is empty or
+  not a 32-byte hex key (a crash between creating and writing it) is replaced by a new key, written
+  atomically; a key is never used empty.
+- A checkpoint file's link names the checkpoint's `creation_id` (new at every save), not only its
+  name: it stops working when it expires, or when its checkpoint is deleted, expires or is saved again
+  under the same name; it is checked again on every request. A bad or expired link is a 404 that says which.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class LinkScope:
     owner: str
     run_id: str = ""
     checkpoint_id: str = ""
+    creation_id: str = ""  # the checkpoint's save the link was made for (`CheckpointRow.creation_id`)
     file: str = ""
     session_id: str = ""
 
@@ -77,20 +81,33 @@ class DownloadSigner:
         return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()
 
 
+KEY_BYTES = 32
+
+
 def _load_or_make_key(path: Path) -> bytes:
-    try:
-        return bytes.fromhex(path.read_text().strip())
-    except FileNotFoundError:
-        pass
+    """The key kept at `path`; a new one (written atomically) when it is missing, empty or malformed."""
+    key = _read_key(path)
+    if key is not None:
+        return key
     path.parent.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_bytes(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process made it first
-        return bytes.fromhex(path.read_text().strip())
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(key.hex())
+        fh.write(secrets.token_bytes(KEY_BYTES).hex())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(temporary, path)
+    key = _read_key(path)  # another process may have replaced it meanwhile: use the file's
+    assert key is not None
     return key
+
+
+def _read_key(path: Path) -> bytes | None:
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except (FileNotFoundError, ValueError, UnicodeError):
+        return None
+    return key if len(key) == KEY_BYTES else None
 
 
 def _b64(data: bytes) -> str:
