@@ -1,10 +1,10 @@
 """Weight transfer over a torch.distributed collective (gloo on CPU, NCCL between GPUs).
 
 Design / who owns what:
-- The sender is rank 0 and lives in the trainer process. It hosts the TCPStore at
-  (master_address, master_port). Groups are built without the global default process group
-  (TCPStore -> PrefixStore(group_name) -> ProcessGroupGloo/NCCL, see `group.py`), so one trainer can hold
-  one group per engine group and recreate it after a restart.
+- The sender is rank 0 and lives in the trainer process. It hosts the group's rendezvous store at
+  (master_address, master_port), behind the group's token (`rendezvous.py`). Groups are built without the
+  global default process group (store -> PrefixStore(group_name) -> ProcessGroupGloo/NCCL, see `group.py`),
+  so one trainer can hold one group per engine group and recreate it after a restart.
 - Receivers live in engine processes (one per engine worker, rank = rank_offset + worker index).
 - Both sides must call `connect()` at the same time (the engine runs it in a thread while handling
   POST /weights/init) and then run `send` / `receive` with the same `TransferUpdate`, bucket by bucket.
@@ -39,7 +39,7 @@ class BroadcastSender:
         self._connected = False
 
     def connect(self) -> None:
-        """Host the TCPStore and join the group; blocks until every rank joined, or raises after timeout_s."""
+        """Host the rendezvous store and join the group; blocks until every rank joined, or raises after timeout_s."""
         self._group.join(self.device)
         self._connected = True
 

@@ -1,6 +1,8 @@
 """Transfer groups built without the global default process group, and small networking helpers.
 
-A group is TCPStore (hosted by rank 0) -> PrefixStore(group_name) -> ProcessGroupGloo or ProcessGroupNCCL.
+A group is a rendezvous store (hosted by rank 0 behind the group's token, `rendezvous.py`; never torch's
+TCPStore, which listens on every interface and answers anyone) -> PrefixStore(group_name) ->
+ProcessGroupGloo or ProcessGroupNCCL.
 Nothing touches `torch.distributed.init_process_group`, so a process can hold any number of groups next to
 whatever else it runs.
 """
@@ -19,6 +21,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:  # where torch defines them (torch.distributed re-exports them without marking it)
     from torch._C._distributed_c10d import Store
 
+from tx.inference.weight_sync.rendezvous import RemoteStore, StoreServer
 from tx.inference.weight_sync.transport import local_address_towards
 from tx.inference.weight_sync.types import TransferInit, WeightSyncError
 
@@ -58,22 +61,15 @@ class TransferGroup:
         self.init = init
         self.rank = rank
         self.timeout = timedelta(seconds=init.timeout_s)
-        self._store: Store | None = None
+        self._server: StoreServer | None = None  # rank 0
+        self._remote: RemoteStore | None = None  # other ranks
         self._backend: _Backend | None = None
 
     def join(self, device: torch.device) -> None:
         """Rendezvous with every rank, then run one tiny broadcast so that joining means working."""
         init = self.init
         try:
-            self._store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]  (torch re-exports it unmarked)
-                init.master_address,
-                init.master_port,
-                init.world_size,
-                is_master=self.rank == 0,
-                timeout=self.timeout,
-                wait_for_workers=False,
-            )
-            store = dist.PrefixStore(init.group_name, self._store)  # pyright: ignore[reportPrivateImportUsage]
+            store = dist.PrefixStore(init.group_name, self._rendezvous())  # pyright: ignore[reportPrivateImportUsage]
             with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
                 self._backend = _make_backend(init, store, self.rank, self.timeout)
                 self.broadcast(torch.zeros(1, dtype=torch.uint8, device=device))
@@ -84,6 +80,15 @@ class TransferGroup:
                 f"world {init.world_size}, store {init.master_address}:{init.master_port}) "
                 f"within {init.timeout_s:g}s: {exc}"
             ) from exc
+
+    def _rendezvous(self) -> Store:
+        """Rank 0: host the group's store on (master_address, master_port); others: connect to it."""
+        init = self.init
+        if self.rank == 0:
+            self._server = StoreServer(init.master_address, init.master_port, init.store_token, self.timeout)
+            return self._server.store
+        self._remote = RemoteStore(init.master_address, init.master_port, init.store_token, self.timeout)
+        return self._remote
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Broadcast `tensor` from rank 0 and wait for it."""
@@ -124,12 +129,17 @@ class TransferGroup:
 
     def close(self, abort: bool = False) -> None:
         """Leave the group (abort: without flushing, after a failure); idempotent."""
-        backend, self._backend, self._store = self._backend, None, None
+        backend, self._backend = self._backend, None
+        server, remote, self._server, self._remote = self._server, self._remote, None, None
         if backend is not None:
             try:
                 backend.abort() if abort else backend.shutdown()
             except Exception:  # tearing down a broken group must not mask the original error
                 pass
+        if server is not None:
+            server.close()
+        if remote is not None:
+            remote.close()
 
 
 def _make_backend(

@@ -16,7 +16,7 @@ Design / who owns what:
   | cuda    | cuda   | same GPU                     | no ipc       | gloo (NCCL: one rank per GPU)         |
   | cuda    | cuda   | another GPU or another host  | nccl / not   | nccl / gloo                           |
 
-- The group's master address (the TCPStore the trainer hosts): 127.0.0.1 when the engine URL is loopback,
+- The group's master address (the rendezvous store the trainer hosts, rendezvous.py): 127.0.0.1 when the engine URL is loopback,
   else the trainer's own address on the route to the engine's host (a UDP `connect` picks the route and sends
   nothing). CUDA IPC needs no group, so it has no master address.
 - The fact gatherers (`trainer_facts`, `local_address_towards`) are the only impure parts; the manager calls
@@ -95,7 +95,7 @@ class EngineFacts:
 @dataclass(frozen=True)
 class TransportChoice:
     kind: Transport
-    master_address: str | None  # the TCPStore's address for gloo and nccl; None for ipc
+    master_address: str | None  # the rendezvous store's address for gloo and nccl; None for ipc
     reason: str
     receivers: int = 1  # engine ranks in the gloo/NCCL group (the trainer is rank 0)
 

@@ -13,6 +13,8 @@ Nothing here is pickled; tensors never travel inside these models.
 
 from __future__ import annotations
 
+import secrets
+
 from typing import Literal
 
 import torch
@@ -63,11 +65,15 @@ class TransferInit(_Wire):
 
     backend: Literal["gloo", "nccl"] = Field(description="gloo on CPU, nccl between distinct GPUs")
     master_address: str = Field(description="the trainer's address (127.0.0.1 on one machine)")
-    master_port: int = Field(ge=1, le=65535, description="port of the TCPStore hosted by the sender (rank 0)")
+    master_port: int = Field(ge=1, le=65535, description="port of the rendezvous store hosted by the sender (rank 0)")
     world_size: int = Field(ge=2, description="1 sender + all receiver ranks")
     rank_offset: int = Field(ge=1, description="this engine's first rank; its worker i gets rank_offset + i")
     group_name: str = Field(min_length=1, description="unique per group (new after every engine restart)")
     timeout_s: float = Field(default=60.0, gt=0, description="rendezvous and per-collective timeout")
+    store_token: str = Field(
+        default_factory=lambda: secrets.token_hex(32), min_length=32, repr=False,
+        description="what the rendezvous store asks of every rank but 0 (new per group; rendezvous.py)",
+    )
 
 
 class TensorSpec(_Wire):

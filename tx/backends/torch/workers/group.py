@@ -18,6 +18,7 @@ import time
 from typing import IO, Protocol
 
 from tx.backends.torch.workers.messages import Reply, Request, WorkerSpec, read_frame, write_frame
+from tx.inference.weight_sync.rendezvous import new_token
 
 logger = logging.getLogger(__name__)
 ERROR_GRACE_S = 10.0  # how long the other workers may take to answer once one has failed
@@ -41,11 +42,13 @@ class WorkerGroup(Protocol):
 
 
 def start_group(group: WorkerGroup, host: str) -> WorkerGroup:
-    """Rendezvous: rank 0 opens the store on `host`, then every rank joins the process group through it."""
+    """Rendezvous: rank 0 opens the store on `host`, then every rank joins the process group through it. The store
+    asks a token that only this process and the workers know (sent over their control channel)."""
+    token = new_token()
     try:
-        hello, _ = group.call({0: (Request(op="hello", address=host), b"")})[0]
+        hello, _ = group.call({0: (Request(op="hello", address=host, token=token), b"")})[0]
         if hello.ok:
-            join = Request(op="join", address=hello.address)
+            join = Request(op="join", address=hello.address, token=token)
             replies = group.call({rank: (join, b"") for rank in range(group.size)})
             hello = next((reply for reply, _ in replies.values() if not reply.ok), hello)
         if not hello.ok:

@@ -189,6 +189,7 @@ class Request(BaseModel):
     batch: WireBatch | None = None
     adam: WireAdam | None = None
     address: str = ""  # hello: the host to open the rendezvous store on; join: that store's host:port
+    token: str = Field(default="", repr=False)  # hello, join: what the rendezvous store asks (rendezvous.py)
     directory: str = ""  # write_state: the checkpoint the tensors came from (named in errors)
     optimizer_meta: dict[str, Any] | None = None  # param_groups of an AdamW state (write_state)
 

@@ -4,8 +4,9 @@
 
 `Worker.handle` answers one control `Request` (see `messages.py`); the transports around it are a local
 process speaking frames on its stdin/stdout (`main`, started by `group.LocalWorkers`) or a Ray actor
-(`ray_workers.py`). Rendezvous: rank 0 opens a TCPStore on a free port ("hello"), then every rank joins
-the group through it ("join"). Every rank gets every request of a step, in the same order, so the ranks'
+(`ray_workers.py`). Rendezvous: rank 0 opens a store on a free port of the host it is told, behind a token
+("hello"; tx/inference/weight_sync/rendezvous.py, never torch's TCPStore, which listens on every interface and
+answers anyone), then every rank joins the group through it ("join"). Every rank gets every request of a step, in the same order, so the ranks'
 collectives line up.
 """
 
@@ -17,6 +18,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ from tx.backends.torch.workers.policy import shard_base
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.backends.torch.workers.replicated import ReplicatedTorchBackend
 from tx.backends.torch.workers.sharded import ShardedTorchBackend
+from tx.inference.weight_sync.rendezvous import RemoteStore, StoreServer
 from tx.logging import init_logging
 from tx.types import ConflictError, NotFoundError, UserError
 
@@ -48,7 +51,8 @@ class Worker:
         self.trainer = spec.trainer
         if spec.threads:
             torch.set_num_threads(spec.threads)
-        self._store: dist.TCPStore | None = None  # pyright: ignore[reportPrivateImportUsage]  (torch re-exports it without marking it)
+        self._server: StoreServer | None = None  # rank 0: the rendezvous store it hosts
+        self._store: Any = None  # the c10d store this rank joined through
         self._runs: dict[str, RankTorchBackend] = {}
         self._replicated: ReplicatedTorchBackend | None = None  # every run on a base held whole
         self._sharded: dict[str, bool] = {}  # base model -> shard it (decided once, by every rank)
@@ -66,9 +70,9 @@ class Worker:
     def _dispatch(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
         op, model_id = request.op, request.model_id
         if op == "hello":
-            return Reply(address=self._open_store(request.address)), b""
+            return Reply(address=self._open_store(request.address, request.token)), b""
         if op == "join":
-            self._join(request.address)
+            self._join(request.address, request.token)
             return Reply(), b""
         if op == "create_model":
             assert request.lora is not None
@@ -130,17 +134,16 @@ class Worker:
             raise NotFoundError(f"model {model_id!r} is not loaded on trainer worker {self.rank}")
         return self._runs[model_id]
 
-    def _open_store(self, host: str) -> str:
-        """Rank 0: a TCPStore on a free port of `host`; its address for the other ranks."""
-        self._store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage]
-            host, 0, self.world_size, is_master=True, wait_for_workers=False
-        )
-        return f"{host}:{self._store.port}"
+    def _open_store(self, host: str, token: str) -> str:
+        """Rank 0: the rendezvous store on a free port of `host`, behind `token`; its address for the others."""
+        self._server = StoreServer(host, 0, token, GROUP_TIMEOUT)
+        self._store = self._server.store
+        return f"{host}:{self._server.port}"
 
-    def _join(self, address: str) -> None:
+    def _join(self, address: str, token: str) -> None:
         host, port = address.rsplit(":", 1)
         if self._store is None:
-            self._store = dist.TCPStore(host, int(port), self.world_size, is_master=False)  # pyright: ignore[reportPrivateImportUsage]
+            self._store = RemoteStore(host.strip("[]"), int(port), token, GROUP_TIMEOUT)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
