@@ -150,9 +150,11 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine: GPUs (default 1)")
     p.add_argument("--max-model-len", type=int, help="vLLM engine: --max-model-len")
     p.add_argument("--vllm-url",
-                   help="vLLM engine: serve over a vLLM you started on this machine (see --print-vllm-command)")
+                   help="vLLM engine: serve over a vLLM you started on this machine, on a Unix socket in a private "
+                   "directory: unix:///path/to/vllm.sock (see --print-vllm-command)")
     p.add_argument("--print-vllm-command", action="store_true",
-                   help="print the `vllm serve` command line (flags and environment tx's engine needs) and exit")
+                   help="print the lines that start vLLM on a Unix socket (flags and environment tx's engine needs; "
+                   "--vllm-url picks the socket) and tx engine serve over it, and exit")
     p.add_argument("--vllm-arg", action="append", dest="extra_vllm_args", default=[],
                    help="vLLM engine: one more `vllm serve` argument, e.g. --vllm-arg=--max-num-seqs=16; repeatable")
 

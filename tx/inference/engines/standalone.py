@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from tx.inference.engines.vllm.config import VllmEngineConfig
 
 SECRET_ENV = "TX_ENGINE_SECRET"
+DEFAULT_VLLM_SOCKET = Path.home() / ".tx" / "vllm" / "vllm.sock"  # --print-vllm-command without --vllm-url
 MIN_SECRET_CHARS = 8
 
 
@@ -44,7 +45,7 @@ class StandaloneEngine:
     dtype: Dtype = "float32"
     tensor_parallel_size: int = 1  # vLLM only
     max_model_len: int | None = None  # vLLM only
-    vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine
+    vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine (unix:///...)
     extra_vllm_args: list[str] = field(default_factory=list)
 
     def config(self, secret: str) -> EngineProcessConfig:
@@ -96,21 +97,31 @@ def secret_from_env() -> str:
     return secret
 
 
-def vllm_serve_command(engine: StandaloneEngine, host: str = "127.0.0.1", port: int = 8000) -> str:
-    """The `vllm serve` command line, environment first, that a user runs to start vLLM themselves with
-    everything tx's engine needs (the worker extension, dev mode, runtime LoRA, raw logprobs, ...); then
-    `tx engine serve --kind vllm --vllm-url http://host:port` on the same machine serves tx's contract over it."""
+def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> str:
+    """The shell lines that start vLLM with everything tx's engine needs (the worker extension, dev mode, runtime
+    LoRA, raw logprobs, ...) on a Unix socket in a private directory, then `tx engine serve` over it on this
+    machine. vLLM listens on no TCP port: its dev-mode routes reach tx's worker extension, and its --api-key
+    does not cover them (`WHY_UNIX`)."""
     import shlex
 
     from tx.inference.engines.vllm.child import VllmChild, sleep_mode_on
+    from tx.inference.engines.vllm.config import UNIX_SCHEME, attached_socket
     from tx.inference.engines.vllm.server import BASE_MODEL_NAME
 
     config = engine.vllm_config("unused-secret")
+    socket = attached_socket(engine.vllm_url) if engine.vllm_url else DEFAULT_VLLM_SOCKET
     child = VllmChild(config, Path("."), BASE_MODEL_NAME, sleep_mode_on(config))
     env = child.environment()
     words = [f"{k}={env[k]}" for k in ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
-    words += ["vllm", "serve", str(config.model_dir), "--host", host, "--port", str(port), *child.flags()]
-    return " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
+    words += ["vllm", "serve", str(config.model_dir), "--uds", str(socket), *child.flags()]
+    vllm = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
+    tx = ["tx", "engine", "serve", "--kind", "vllm", "--model", engine.model, "--vllm-url",
+          f"{UNIX_SCHEME}{socket}", "--host", engine.host, "--port", str(engine.port)]
+    return "\n".join([
+        f"mkdir -p -m 700 {shlex.quote(str(socket.parent))}",
+        f"{vllm} &",
+        f"{SECRET_ENV}={secret_hint} " + " ".join(shlex.quote(w) for w in tx),
+    ])
 
 
 def serve(engine: StandaloneEngine) -> None:

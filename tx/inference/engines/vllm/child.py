@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from tx.inference.engines.http import UpstreamError
-from tx.inference.engines.vllm.config import WORKER_EXTENSION, VllmEngineConfig
+from tx.inference.engines.vllm.config import WHY_UNIX, WORKER_EXTENSION, VllmEngineConfig, attached_socket
 from tx.inference.engines.vllm.images import is_multimodal
 from tx.inference.protocol import error_detail
 
@@ -105,13 +105,13 @@ class VllmChild:
         return self.config.vllm_url is not None
 
     def _transport_and_base(self, sync: bool) -> dict[str, Any]:
-        if self.config.vllm_url is not None:  # attached
-            return {"base_url": self.config.vllm_url.rstrip("/")}
+        socket = attached_socket(self.config.vllm_url) if self.config.vllm_url is not None else self.socket
         transport = httpx.HTTPTransport if sync else httpx.AsyncHTTPTransport
-        return {"transport": transport(uds=str(self.socket)), "base_url": "http://vllm"}
+        return {"transport": transport(uds=str(socket)), "base_url": "http://vllm"}
 
     def start(self) -> None:
-        if self.attached:
+        if self.config.vllm_url is not None:
+            check_private_socket(attached_socket(self.config.vllm_url))
             logger.info("serving over the vLLM at %s (started by someone else)", self.config.vllm_url)
             return
         logger.info("starting vLLM: %s", " ".join(self.command()))
@@ -175,6 +175,18 @@ class VllmChild:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=timeout_s)
+
+
+def check_private_socket(socket: Path) -> None:
+    """Refuse an attached vLLM's socket whose directory others may enter (RuntimeError saying why)."""
+    directory = socket.parent
+    try:
+        info = directory.stat()
+    except OSError as exc:
+        raise RuntimeError(f"the attached vLLM's socket directory {str(directory)!r}: {exc.strerror}") from None
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"the attached vLLM's socket directory {str(directory)!r} is not private to this user "
+                           f"(mode {info.st_mode & 0o777:o}; run `chmod 700 {directory}`): {WHY_UNIX}")
 
 
 def private_dirs(config: VllmEngineConfig) -> tuple[Path, Path]:

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from tx.inference.engines.config import EngineProcessConfig
 
 WORKER_EXTENSION = "tx.inference.engines.vllm.worker.TxWorkerExtension"
+UNIX_SCHEME = "unix://"
+WHY_UNIX = (
+    "tx's worker extension runs in vLLM's dev mode, whose routes (/collective_rpc: load weights from any "
+    "directory, join any transfer group, write adapter files) vLLM's --api-key does not cover; on a TCP port "
+    "any local user could call them, so an attached vLLM must listen on a Unix socket (vllm serve --uds) in a "
+    "directory only its owner may enter"
+)
 
 
 class VllmEngineConfig(EngineProcessConfig):
@@ -49,10 +56,21 @@ class VllmEngineConfig(EngineProcessConfig):
         default=None, description="private dir for adapter files; default: a temp dir in /dev/shm (memory)"
     )
     vllm_url: str | None = Field(
-        default=None, description="serve over a vLLM someone else started at this URL (on this machine: adapters "
-        "go to it as files), instead of starting one; it must run with the flags that "
-        "`tx engine serve --print-vllm-command` prints"
+        default=None, description="serve over a vLLM someone else started on this machine, on a Unix socket: "
+        "unix:///path/to/vllm.sock, in a directory only its owner may enter (adapters go to it as files); "
+        "instead of starting one. It must run with the flags `tx engine serve --print-vllm-command` prints"
     )
     startup_timeout_s: float = Field(default=600.0, gt=0, description="how long vLLM may take to be healthy")
     rpc_timeout_s: float = Field(default=300.0, gt=0, description="bound on one worker call (weight update)")
 
+    @field_validator("vllm_url")
+    @classmethod
+    def _attached_over_a_unix_socket(cls, url: str | None) -> str | None:
+        if url is not None and not (url.startswith(UNIX_SCHEME) and url[len(UNIX_SCHEME):].startswith("/")):
+            raise ValueError(f"--vllm-url must be unix:///absolute/path/to/vllm.sock, not {url!r}: {WHY_UNIX}")
+        return url
+
+
+def attached_socket(url: str) -> Path:
+    """The socket path of a `unix:///...` vllm_url."""
+    return Path(url[len(UNIX_SCHEME):])
