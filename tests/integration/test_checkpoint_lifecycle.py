@@ -115,3 +115,27 @@ def test_deleting_frees_the_disk(server: TxServer, trained: Trained) -> None:
     assert not checkpoint_dir(server, path).exists()
     with pytest.raises(tinker.NotFoundError):
         trained.rest.delete_checkpoint_from_tinker_path(path).result()
+
+
+def test_unpublish_and_delete_end_samplers_already_made(
+    server: TxServer, trained: Trained, other: tinker.ServiceClient
+) -> None:
+    """The shared-server probe's finding 6: another key kept sampling from a checkpoint after it was unpublished,
+    and after it was deleted, through a sampling client made while it was published."""
+    path = trained.tc.save_weights_for_sampler("revoked").result().path
+    trained.rest.publish_checkpoint_from_tinker_path(path).result()
+    prompt = types.ModelInput.from_ints(trained.tokens[:5])
+    params = types.SamplingParams(max_tokens=2, temperature=0.0)
+    theirs = other.create_sampling_client(model_path=path)
+    mine = trained.service.create_sampling_client(model_path=path)
+    theirs.sample(prompt, 1, params).result()
+    trained.rest.unpublish_checkpoint_from_tinker_path(path).result()
+    with pytest.raises(tinker.NotFoundError, match="its owner unpublished or deleted"):
+        theirs.sample(prompt, 1, params).result()
+    mine.sample(prompt, 1, params).result()  # the owner's own client goes on
+    trained.rest.publish_checkpoint_from_tinker_path(path).result()
+    theirs.sample(prompt, 1, params).result()  # published again: readable again
+    trained.rest.delete_checkpoint_from_tinker_path(path).result()
+    for client in (theirs, mine):
+        with pytest.raises(tinker.NotFoundError, match="unpublished or deleted"):
+            client.sample(prompt, 1, params).result()

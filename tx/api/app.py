@@ -105,7 +105,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
                           training_lease=manager.training_pass, versions_kept=engines.versions_kept)
-    sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, core.records, images)
+    sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, core.records, images,
+                               access=core.samplers.check_access)
     views = RunViews(store, core.base_models.info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))

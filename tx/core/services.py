@@ -45,7 +45,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
     """`engines`: where sampler saves go (the engine manager; None: nowhere). `training_lease`: held around
     each training pass (the manager's, which puts colocated engines to sleep)."""
     base_models = BaseModels(backend)
-    catalog = CheckpointCatalog(store, files, signer)
+    catalog = CheckpointCatalog(store, files, signer, engines)
     custom_losses = CustomLosses(store, futures, backend)
     runs = RunService(store, backend, futures, scheduler, catalog, base_models)
     sequencer = Sequencer(store, futures, scheduler)

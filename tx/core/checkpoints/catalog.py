@@ -8,13 +8,17 @@ Rules:
 - An expired checkpoint is gone at once from every list and read; the sweeper
   (`delete_expired`) then removes its row and frees its files.
 - Deleting removes the row first, then the files, so a failed delete never leaves a listed
-  checkpoint without files.
+  checkpoint without files. The engines drop its weight versions (`Revoker`), so no sampling client made
+  from it, the owner's or another key's, samples it again.
+- Unpublishing ends other keys' access at once, their sampling clients included: every sample of a client
+  made from a checkpoint checks that its key may still read it (`Samplers.check_access`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Protocol
 
 from tx.core.checkpoints.downloads import DownloadSigner, LinkScope
 from tx.core.checkpoints.files import CheckpointFiles, TinkerPath, validate_ttl
@@ -24,11 +28,19 @@ from tx.store.tables import TrainingRunRow
 from tx.types import NotFoundError, UserError
 
 
+class Revoker(Protocol):
+    """Who holds a checkpoint's weights in memory (the engine manager's weight versions)."""
+
+    def revoke(self, directory: Path, reason: str) -> None: ...
+
+
 class CheckpointCatalog:
-    def __init__(self, store: Store, files: CheckpointFiles, signer: DownloadSigner) -> None:
+    def __init__(self, store: Store, files: CheckpointFiles, signer: DownloadSigner,
+                 engines: Revoker | None = None) -> None:
         self.store = store
         self.files = files
         self.signer = signer
+        self._engines = engines
 
     def readable(self, owner: str, path: str, kinds: tuple[str, ...]) -> tuple[TinkerPath, TrainingRunRow]:
         """A checkpoint the caller may load or sample (its own, or a published one), and its run."""
@@ -59,6 +71,9 @@ class CheckpointCatalog:
     def delete(self, owner: str, run_id: str, checkpoint_id: str) -> None:
         path = _path(run_id, checkpoint_id)
         self.store.delete_checkpoint(run_id, checkpoint_id, owner)
+        if self._engines is not None and path.kind in ("weights", "sampler_weights"):
+            self._engines.revoke(self.files.directory(path), f"{path} was deleted by its owner; sampling clients "
+                                 "made from it can no longer sample")
         self.files.delete(path)
 
     def delete_expired(self) -> int:

@@ -34,6 +34,8 @@ class SamplerEngines(Protocol):
 
     def pin(self, sampler_id: str, directory: Path, label: str) -> None: ...
 
+    def revoke(self, directory: Path, reason: str) -> None: ...
+
 
 class CheckpointWriter:
     def __init__(self, sequencer: Sequencer, backend: TrainingBackend, files: CheckpointFiles,

@@ -13,7 +13,7 @@ from tx.core.checkpoints.writer import SamplerEngines
 from tx.core.sessions import live_session
 from tx.store.store import Store
 from tx.store.tables import SamplingSessionRow
-from tx.types import UserError, sampler_id_for
+from tx.types import NotFoundError, UserError, sampler_id_for
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,19 @@ class Samplers:
             base_model=base_model, model_path=model_path, run_id=run_id, weights_dir=weights_dir,
         ))
         return sampler_id
+
+    def check_access(self, row: SamplingSessionRow) -> None:
+        """A sampler made from a checkpoint samples only while its key may still read it: unpublished by its
+        owner, or deleted, it fails (NotFoundError naming why)."""
+        if row.model_path is None:
+            return
+        try:
+            self.catalog.readable(row.owner, row.model_path, kinds=("sampler_weights", "weights"))
+        except NotFoundError:
+            raise NotFoundError(
+                f"sampler {row.sampling_session_id!r} was made from {row.model_path}, which its owner unpublished "
+                "or deleted (or which expired): it can no longer sample"
+            ) from None
 
     def describe(self, owner: str, sampler_id: str) -> SamplerView:
         row = self.store.get_sampling_session(sampler_id, owner)

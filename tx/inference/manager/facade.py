@@ -158,6 +158,10 @@ class EngineManager:
             self.versions.pin(sampler_id, directory, label)
         self._call(self.publish(base_model, version, start=start))
 
+    def revoke(self, directory: Path, reason: str) -> None:
+        """The checkpoint at `directory` was deleted: its weight versions go, and their clients fail with `reason`."""
+        self.versions.revoke(directory, reason)
+
     def pin(self, sampler_id: str, directory: Path, label: str) -> None:
         """A sampling client is created from `directory` (`label` is its path): pin it to the newest version."""
         self.versions.pin(sampler_id, directory, label)

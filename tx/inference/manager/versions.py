@@ -14,6 +14,8 @@ Design / who owns what:
   place, requests generating with it included; inflight clients follow the target (the weights current when
   they were created, or newer), and the target is held whatever `keep` says. The target lives in memory: after a
   restart an inflight client is pinned to the weights it was created with, as a snapshot client is.
+- A deleted checkpoint's versions are dropped at once (`revoke`): clients pinned to them get an error naming
+  why, never its weights.
 - Thread-safe: saves come from the training thread, pins from request threads, lookups from the event loop.
 """
 
@@ -32,8 +34,9 @@ import safetensors.torch
 import torch
 
 from tx.inference.protocol import LoraSpec
-from tx.types import UserError
+from tx.types import NotFoundError, UserError
 
+MAX_REVOKED = 4096  # deleted versions whose clients are told why
 NamedTensors = list[tuple[str, Any]]  # (PEFT file name, cpu tensor), sorted by name
 
 
@@ -87,6 +90,7 @@ class VersionStore:
         self._inflight: dict[str, int] = {}  # run -> its inflight target (a version number)
         self._inflight_names: dict[str, str] = {}  # run -> the adapter name its inflight versions share
         self._followers: dict[str, str] = {}  # inflight sampler id -> its run
+        self._revoked: dict[int, str] = {}  # version number -> why its clients may not sample it
         self._counter = 0
         self._lock = threading.Lock()
 
@@ -142,11 +146,27 @@ class VersionStore:
             return self.pin(sampler_id, directory, directory.name)
         if version is None:
             number, label = pin
+            if number in self._revoked:
+                raise NotFoundError(self._revoked[number])
             raise UserError(
                 f"the weights this sampling client was created from ({label}, version {number}) are no longer "
                 f"held on the server: newer weights were saved since; create a new sampling client from {label}"
             )
         return version
+
+    def revoke(self, directory: Path, reason: str) -> int:
+        """Drop every version saved at `directory` (its checkpoint was deleted); their clients get `reason`."""
+        directory = directory.resolve()
+        with self._lock:
+            targets = set(self._inflight.values())  # unnamed saves: no checkpoint to delete them by
+            dropped = [n for n, v in self._versions.items() if v.directory == directory and n not in targets]
+            for number in dropped:
+                del self._versions[number]
+                self._revoked[number] = reason
+            while len(self._revoked) > MAX_REVOKED:  # the oldest reasons go; their clients get the generic error
+                del self._revoked[next(iter(self._revoked))]
+            self._latest.pop(directory, None)
+            return len(dropped)
 
     def held(self, number: int) -> bool:
         with self._lock:
