@@ -69,6 +69,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-max-adapters", type=int, help="weight versions an engine keeps loaded (default 8)")
     p.add_argument("--sampler-versions-kept", type=int, help="weight versions held per run (default 8)")
     _image_arguments(p)
+    _quota_arguments(p)
+
+
+def _quota_arguments(p: argparse.ArgumentParser) -> None:
+    """--quota-<name> for each quota of tx/core/quotas.py (defaults there and in tx/config.py)."""
+    from tx.core.quotas import UNITS
+
+    for quota, unit in UNITS.items():
+        p.add_argument(f"--quota-{quota.replace('_', '-')}", type=int, dest=f"quota_{quota}",
+                       help=f"per API key: most {unit}")
+    p.add_argument("--sampling-dispatch-rows", type=int,
+                   help="sequences in flight at one base model's engines, all keys (default: 2 x batch per engine)")
 
 
 def _trainer_arguments(p: argparse.ArgumentParser) -> None:

@@ -39,6 +39,17 @@ class OverloadedError(RuntimeError):
     """Too much queued work; the client should back off and retry (HTTP 429)."""
 
 
+class QuotaExceededError(UserError):
+    """One of a key's quotas is full (`tx/core/quotas.py`). `transient`: it frees by itself as queued work runs
+    (HTTP 429 with Retry-After); otherwise only the key frees it, by finishing sessions or deleting checkpoints,
+    or the operator, by raising the setting (HTTP 403). The message names the quota and its setting."""
+
+    def __init__(self, message: str, *, quota: str, transient: bool) -> None:
+        super().__init__(message)
+        self.quota = quota
+        self.transient = transient
+
+
 class ErrorCategory(str, Enum):
     USER = "user"
     SERVER = "server"

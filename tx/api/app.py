@@ -39,18 +39,22 @@ from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.console import ConsoleViews
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import FutureRegistry
+from tx.core.sampling.admission import SampleAdmission
 from tx.core.sampling.service import SamplingService
 from tx.core.sampling.text import TextSampling
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.core.views import RunViews
+from tx.inference.engines.kinds import engine_kind
 from tx.inference.launch import Launcher
 from tx.inference.launch.build import build_launcher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.inference.manager.external import ExternalEngine, ExternalEngineError, check_at_startup
+from tx.models.auto import is_vision_language
 from tx.models.serve import resolve_served_models, tokenizer_id_for
 from tx.multimodal import ImageInputs
 from tx.store.store import Store
+from tx.types import MAX_SAMPLES_PER_REQUEST
 
 logger = logging.getLogger(__name__)
 TRAINING_STOP_WAIT_S = 2.0  # at shutdown, the training step in flight gets this long to end (the thread is a daemon)
@@ -74,6 +78,18 @@ def trainer_placement(launcher: Launcher, loop: asyncio.AbstractEventLoop) -> Ca
     if trainer_options is None:
         return None
     return lambda rank: asyncio.run_coroutine_threadsafe(trainer_options(rank), loop).result()
+
+
+def sample_admission(settings: Settings, models: dict[str, Path]) -> SampleAdmission:
+    """Samples' checks and fair-share turns: num_samples within the engines' batch, and twice that per engine in
+    flight at a base model's engines (`--sampling-dispatch-rows` overrides it)."""
+    engines = settings.engines
+    batch_rows = engine_kind(engines.kind).batch_rows
+    count = max(1, engines.managed_count(bool(engines.urls)) + len(engines.urls))
+    dispatch = settings.sampling_dispatch_rows or 2 * batch_rows * count
+    return SampleAdmission(settings.sampling_max_queue, settings.quotas, dispatch_rows=dispatch,
+                           max_num_samples=min(batch_rows, MAX_SAMPLES_PER_REQUEST),
+                           takes_images=lambda name: is_vision_language(models[name]))
 
 
 def checkpoint_files(root: Path) -> CheckpointFiles:
@@ -104,9 +120,10 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
-                          training_lease=manager.training_pass, versions_kept=engines.versions_kept)
+                          training_lease=manager.training_pass, versions_kept=engines.versions_kept,
+                          limits=settings.quotas)
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, core.records, images,
-                               access=core.samplers.check_access)
+                               access=core.samplers.check_access, admission=sample_admission(settings, models))
     views = RunViews(store, core.base_models.info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))

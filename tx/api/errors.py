@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from tx.store.store import SessionFinishedError
-from tx.types import ConflictError, NotFoundError, OverloadedError, UserError
+from tx.types import ConflictError, NotFoundError, OverloadedError, QuotaExceededError, UserError
 
 STATUS_OF: dict[type[Exception], int] = {
     UserError: 400,
@@ -29,13 +29,15 @@ STATUS_OF: dict[type[Exception], int] = {
 _MEANING = {
     400: "bad input (a user error); not retried",
     401: "missing or invalid X-API-Key",
-    403: "the key may not use this route (operator routes need an operator key)",
+    403: "the key may not use this route (operator routes need an operator key), or one of its quotas is full "
+         "(the detail names it and the setting that raises it)",
     404: "no such resource, or not the caller's",
     409: "conflicts with the current state",
     410: "the session is finished",
     413: "request body over the route's size limit",
     422: "the body or query does not match the schema",
-    429: "too much queued work; retry after Retry-After seconds",
+    429: "too much queued work (the server's, or the key's own quota: the detail says which); retry after "
+         "Retry-After seconds",
 }
 
 
@@ -48,9 +50,9 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody, "description": _MEANING[code]} for code in codes}
 
 
-# Every route with a body or a key can answer these (400: a body that is not JSON at all);
-# routers add the ones their use cases raise.
-COMMON_ERRORS = error_responses(400, 401, 413, 422)
+# Every route with a body or a key can answer these (400: a body that is not JSON at all; 403 and 429: a quota
+# of the key, see tx/core/quotas.py); routers add the ones their use cases raise.
+COMMON_ERRORS = error_responses(400, 401, 403, 413, 422, 429)
 
 InvalidHook = Callable[[Request, Any], Awaitable[None]]
 
@@ -67,6 +69,14 @@ def install_error_handlers(app: FastAPI, on_invalid: InvalidHook | None = None) 
 
     for error, status in STATUS_OF.items():
         app.add_exception_handler(error, handler(status))
+
+    async def quota(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, QuotaExceededError)
+        status = 429 if exc.transient else 403
+        headers = {"Retry-After": "1"} if exc.transient else None
+        return JSONResponse(_body(request, safe_text(str(exc)), status), status_code=status, headers=headers)
+
+    app.add_exception_handler(QuotaExceededError, quota)
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

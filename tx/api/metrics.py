@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tx.api.usage import usage_report
+
 if TYPE_CHECKING:
     from tx.api.context import Context
     from tx.core.scheduler import Scheduler
@@ -78,6 +80,27 @@ class ServiceCollector(Collector):
         publisher = ctx.manager.publisher
         yield _counter("tx_weight_push_bytes", "Weight bytes pushed to inference engines.", publisher.pushed_bytes)
         yield _counter("tx_weight_push_seconds", "Seconds spent pushing weights to engines.", publisher.push_seconds)
+        yield from _tenants(ctx)
+
+
+def _tenants(ctx: Context) -> Iterator[Metric]:
+    """Each key's use of its quotas (owner ids; the busiest keys only, see tx/api/usage.py) and the limits."""
+    limits = ctx.settings.quotas
+    report = usage_report(ctx, limits)
+    limit = GaugeMetricFamily("tx_quota_limit", "Each quota's limit per key.", labels=["quota"])
+    for quota, value in report.limits.items():
+        limit.add_metric([quota], value)
+    yield limit
+    used = GaugeMetricFamily("tx_tenant_usage", "A key's use of each quota (and of queued and waiting work).",
+                             labels=["owner", "quota"])
+    tokens = CounterMetricFamily("tx_tenant_tokens", "Tokens trained and sampled per key.", labels=["owner", "kind"])
+    for key in report.keys:
+        for quota, value in key.model_dump(exclude={"owner", "trained_tokens", "sampled_tokens"}).items():
+            used.add_metric([key.owner, quota], value)
+        tokens.add_metric([key.owner, "trained"], key.trained_tokens)
+        tokens.add_metric([key.owner, "sampled"], key.sampled_tokens)
+    yield used
+    yield tokens
 
 
 def _engines(manager: Any) -> Iterator[Metric]:

@@ -4,9 +4,10 @@ Values come from, in order of precedence: CLI flags (`tx serve --flag`), `TX_*` 
 variables, then the defaults below. The CLI only fills fields of this object; there is no other
 way to configure tx.
 
-`Settings` holds the server's own fields (address, keys, store, limits, timeouts) and three sections
+`Settings` holds the server's own fields (address, keys, store, limits, timeouts) and four sections
 (`sections.py`): `trainer` (`TrainerSection`, read by `tx/backends/`), `engines` (`EngineSection`, read by
-`tx/inference/`) and `images` (`ImagesSection`, read by `tx/multimodal/`). A component takes its section,
+`tx/inference/`), `images` (`ImagesSection`, read by `tx/multimodal/`) and `quotas` (`QuotaSection`, read by
+`tx/core/quotas.py`). A component takes its section,
 not `Settings`. `names.py` holds the names settings choose between (engine kinds, dtypes).
 
 Names stay flat for users. A section's field is set under its flat name, which is its `validation_alias`
@@ -30,7 +31,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from tx.config.sections import EngineSection, ImagesSection, Section, TrainerSection
+from tx.config.sections import EngineSection, ImagesSection, QuotaSection, Section, TrainerSection
 
 DEFAULT_MODEL = "tiny-qwen3"
 
@@ -94,9 +95,14 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(4 << 20, gt=0, description="Largest body of any other route.")
     console: bool = Field(True, description="Serve the web console at /console (its JSON routes stay on).")
     sampling_max_queue: int = Field(1024, ge=1, description="Samples in flight before asample answers 429.")
+    sampling_dispatch_rows: int | None = Field(
+        None, ge=1, description="Sequences in flight at one base model's engines at once; the rest wait, and are "
+        "let through a key at a time by fair share. Default: twice the engines' batch, per engine.",
+    )
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="The trainer.")
     engines: EngineSection = Field(default_factory=EngineSection, description="The inference engines.")
     images: ImagesSection = Field(default_factory=ImagesSection, description="Images in inputs.")
+    quotas: QuotaSection = Field(default_factory=QuotaSection, description="What each API key may hold.")
 
     @classmethod
     def settings_customise_sources(

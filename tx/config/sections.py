@@ -295,3 +295,29 @@ class ImagesSection(Section):
         for network in networks:
             ipaddress.ip_network(network, strict=False)  # ValueError names the bad one
         return networks
+
+
+class QuotaSection(Section):
+    """What each API key may hold (`tx/core/quotas.py`, which checks them): one set of limits for every key, with
+    defaults that serve a small team on one node. Flat names `quota_<name>` (`--quota-runs`, `TX_QUOTA_RUNS`)."""
+
+    sessions: int = Field(default=64, ge=1, validation_alias="quota_sessions",
+                          description="Sessions a key holds open (not finished) at once.")
+    runs: int = Field(default=16, ge=1, validation_alias="quota_runs",
+                      description="Training runs a key holds loaded on the trainer at once.")
+    lora_rank: int = Field(default=512, ge=1, validation_alias="quota_lora_rank",
+                           description="Sum of the LoRA ranks of a key's loaded runs (accelerator memory).")
+    queued_training_bytes: int = Field(default=1 << 30, ge=1, validation_alias="quota_queued_training_bytes",
+                                       description="Bytes of a key's training requests queued and not yet run.")
+    samples_in_flight: int = Field(default=256, ge=1, validation_alias="quota_samples_in_flight",
+                                   description="Sequences (num_samples summed) a key has submitted, not yet done.")
+    checkpoint_bytes: int = Field(default=50 << 30, ge=1, validation_alias="quota_checkpoint_bytes",
+                                  description="Bytes of a key's checkpoints on disk; a save past it is refused.")
+    custom_losses: int = Field(default=64, ge=1, validation_alias="quota_custom_losses",
+                               description="Custom losses a key keeps uploaded (in memory).")
+    images_per_request: int = Field(default=16, ge=1, validation_alias="quota_images_per_request",
+                                    description="Images (and asset pointers) in one request.")
+
+    def as_dict(self) -> dict[str, int]:
+        """{quota: limit}."""
+        return {name: int(getattr(self, name)) for name in type(self).model_fields}

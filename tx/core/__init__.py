@@ -6,8 +6,10 @@
 - `checkpoints/`: paths and files, saves, the catalog, download links;
 - `sampling/`: samplers, samples through the engine manager, text for the OpenAI-compatible routes;
 - `custom_losses.py`, `base_models.py`;
+- many keys on one server: `quotas.py` (what each key may hold, the error past it), `fairshare.py` (whose
+  ready work goes next, by tokens per key);
 - the machinery under them: `futures.py` (futures and long polls), `scheduler.py` (the training thread, in
-  seq_id order), `completions.py`, `timeline.py`, `results.py`.
+  seq_id order, turns by fair share), `completions.py`, `timeline.py`, `results.py`.
 
 `services.py` wires the training side together; `tx/api/app.py` adds the engines and sampling.
 """

@@ -4,7 +4,8 @@ A loss is checked by the backend at upload (its allowlist; a 400 names what is r
 here under `loss_id = {session_id}:loss:{custom_loss_seq_id}`, and looked up when a forward_backward
 says `loss_fn="custom", loss_fn_config={"loss_id": ...}`: only clients of the session that
 uploaded it may use it. Losses live in memory: after a restart a loss_id is unknown (400) and the
-SDK's client must create it again.
+SDK's client must create it again. A key holds at most its `custom_losses` quota of them (`quotas.py`);
+they go when their session ends.
 """
 
 from __future__ import annotations
@@ -14,21 +15,24 @@ from dataclasses import replace
 from typing import Any
 
 from tx.backends.base import TrainingBackend
+from tx.core import quotas
 from tx.core.futures import Future, FutureRegistry
+from tx.core.quotas import QuotaLimits
 from tx.core.results import CustomLossCreated
 from tx.core.sessions import live_session
 from tx.store.store import Store
 from tx.types import CustomLoss, ForwardBackwardInput, UserError
 
-MAX_LOSSES_PER_SESSION = 256
-
 
 class CustomLosses:
-    def __init__(self, store: Store, futures: FutureRegistry, backend: TrainingBackend) -> None:
+    def __init__(self, store: Store, futures: FutureRegistry, backend: TrainingBackend,
+                 limits: QuotaLimits | None = None) -> None:
         self._store = store
         self._futures = futures
         self._backend = backend
+        self._limits = limits or QuotaLimits()
         self._losses: dict[str, CustomLoss] = {}
+        self._owners: dict[str, str] = {}  # loss_id -> the key that uploaded it
         self._lock = threading.Lock()
 
     def create(
@@ -41,10 +45,11 @@ class CustomLosses:
         loss = CustomLoss(loss_id, session_id, name, tuple(inputs), tuple(nodes))
         self._backend.check_custom_loss(loss)
         with self._lock:
-            held = sum(stored.session_id == session_id for stored in self._losses.values())
-            if loss_id not in self._losses and held >= MAX_LOSSES_PER_SESSION:
-                raise UserError(f"session {session_id!r} has {MAX_LOSSES_PER_SESSION} custom losses already")
-            self._losses.setdefault(loss_id, loss)
+            if loss_id not in self._losses:
+                held = sum(holder == owner for holder in self._owners.values())
+                quotas.check("custom_losses", held, 1, self._limits.custom_losses)
+                self._losses[loss_id] = loss
+                self._owners[loss_id] = owner
         future, created = self._futures.create(owner, "CreateCustomLoss", ("custom_loss", loss_id))
         if created:
             self._futures.resolve(future, CustomLossCreated(loss_id))
@@ -64,7 +69,16 @@ class CustomLosses:
                             "ServiceClient.create_custom_loss in the session that trains with it")
         return replace(batch, custom_loss=loss)
 
+    def usage(self) -> dict[str, int]:
+        """{owner: custom losses held}."""
+        with self._lock:
+            held: dict[str, int] = {}
+            for owner in self._owners.values():
+                held[owner] = held.get(owner, 0) + 1
+            return held
+
     def forget_session(self, owner: str, session_id: str) -> None:
         with self._lock:
             for loss_id in [k for k, v in self._losses.items() if v.session_id == session_id]:
                 del self._losses[loss_id]
+                self._owners.pop(loss_id, None)

@@ -18,13 +18,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Hashable, Literal
 
 from tx.core.completions import CompletionFeeds, Target
 from tx.core.timeline import SessionTimeline, Span
 from tx.types import ConflictError, ErrorCategory, NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
+QueueState = Literal["active", "paused_capacity", "paused_rate_limit"]  # the SDK's (TryAgainResponse)
 
 
 @dataclass
@@ -55,6 +56,9 @@ class Future:
     finished_at: float | None = None
     result: Any = None
     failure: Failure | None = None
+    # why it waits, while it waits (the SDK's queue states: active | paused_capacity | paused_rate_limit)
+    queue_state: QueueState = "active"
+    queue_state_reason: str | None = None
     _done: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -104,6 +108,7 @@ class FutureRegistry:
             if future.done:
                 return False
             future.started_at = time.monotonic()
+            future.queue_state, future.queue_state_reason = "active", None
             return True
 
     def cancel(self, request_id: str, owner: str) -> Future:

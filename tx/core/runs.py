@@ -1,16 +1,22 @@
 """Training runs: created (empty, or from a checkpoint), recorded in the store, and unloaded when their
-session ends. A run is a model on the training thread; its calls are `training.py`'s and `checkpoints/`'s."""
+session ends. A run is a model on the training thread; its calls are `training.py`'s and `checkpoints/`'s.
+
+A key's loaded runs count against its `runs` and `lora_rank` quotas (`quotas.py`) from the moment a run is
+asked for until it is unloaded (or its creation failed)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 from tx.backends.base import TrainingBackend
+from tx.core import quotas
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.futures import Future, FutureRegistry
+from tx.core.quotas import QuotaLimits
 from tx.core.results import ModelCreated, WeightsLoaded
 from tx.core.scheduler import Job, Scheduler
 from tx.core.sessions import live_session
@@ -19,15 +25,21 @@ from tx.store.tables import TrainingRunRow
 from tx.types import LoraConfig, model_id_for
 
 
+T = TypeVar("T")
+
+
 class RunService:
     def __init__(self, store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
-                 catalog: CheckpointCatalog, base_models: BaseModels) -> None:
+                 catalog: CheckpointCatalog, base_models: BaseModels, limits: QuotaLimits | None = None) -> None:
         self.store = store
         self.backend = backend
         self.futures = futures
         self.scheduler = scheduler
         self.catalog = catalog
         self.base_models = base_models
+        self.limits = limits or QuotaLimits()
+        self._held: dict[str, tuple[str, int]] = {}  # model_id -> (owner, LoRA rank), loaded or being loaded
+        self._lock = threading.Lock()
 
     def create(self, owner: str, session_id: str, model_seq_id: int, base_model: str, lora: LoraConfig,
                user_metadata: dict[str, Any] | None) -> Future:
@@ -41,7 +53,7 @@ class RunService:
             self._record(model_id, session_id, owner, base_model, lora, user_metadata)
             return ModelCreated(model_id)
 
-        return self._start(owner, session_id, model_id, "CreateModel", run)
+        return self._start(owner, session_id, model_id, "CreateModel", run, lambda: lora.rank)
 
     def create_from_checkpoint(self, owner: str, session_id: str, model_seq_id: int, path: str,
                                with_optimizer: bool) -> Future:
@@ -58,20 +70,63 @@ class RunService:
             self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata)
             return WeightsLoaded(path=str(source), model_id=model_id)
 
-        return self._start(owner, session_id, model_id, "LoadWeights", run)
+        def rank() -> int:  # read at submission, for the key's quota
+            return self.backend.read_state_config(self.catalog.files.require(source))[1].rank
 
-    def _start(self, owner: str, session_id: str, model_id: str, kind: str, run: Callable[[], Any]) -> Future:
-        """The future of the call that makes run `model_id` (a resend gets the same one), its job queued."""
+        return self._start(owner, session_id, model_id, "LoadWeights", run, rank)
+
+    def _start(self, owner: str, session_id: str, model_id: str, kind: str, run: Callable[[], Any],
+               rank: Callable[[], int]) -> Future:
+        """The future of the call that makes run `model_id` (a resend gets the same one), its job queued once
+        the run fits the key's quotas (QuotaExceededError otherwise, before anything is queued)."""
+        resent = self.futures.find(("model", model_id))
+        if resent is not None:
+            return resent
+        self._hold(owner, model_id, rank())
         future, created = self.futures.create(owner, kind, ("model", model_id), session_id=session_id,
                                               track=model_id)
         if created:
-            self.scheduler.add_model(model_id)
-            self.scheduler.submit_unsequenced(Job(future, run))
+            self.scheduler.add_model(model_id, tenant=owner)
+            self.scheduler.submit_unsequenced(Job(future, self._releasing(model_id, run)))
         return future
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """{owner: (runs held, their LoRA ranks summed)}."""
+        with self._lock:
+            held: dict[str, tuple[int, int]] = {}
+            for owner, rank in self._held.values():
+                runs, ranks = held.get(owner, (0, 0))
+                held[owner] = (runs + 1, ranks + rank)
+            return held
+
+    def _hold(self, owner: str, model_id: str, rank: int) -> None:
+        """Count the run against its key's quotas; QuotaExceededError past them (before anything is queued)."""
+        with self._lock:
+            mine = [held_rank for held_by, held_rank in self._held.values() if held_by == owner]
+            quotas.check("runs", len(mine), 1, self.limits.runs)
+            quotas.check("lora_rank", sum(mine), rank, self.limits.lora_rank)
+            self._held[model_id] = (owner, rank)
+
+    def _release(self, model_id: str) -> None:
+        with self._lock:
+            self._held.pop(model_id, None)
+
+    def _releasing(self, model_id: str, run: Callable[[], T]) -> Callable[[], T]:
+        """`run`, releasing the run's quota if it fails (nothing was loaded)."""
+
+        def guarded() -> T:
+            try:
+                return run()
+            except BaseException:
+                self._release(model_id)
+                raise
+
+        return guarded
 
     def forget_session(self, owner: str, session_id: str) -> None:
         """The session ended: its runs' models leave the trainer (their rows and checkpoints stay)."""
         for model_id in self.store.runs_of_session(session_id):
+            self._release(model_id)
             if self.scheduler.has_model(model_id):
                 future, _ = self.futures.create(owner, "Unload")
                 self.scheduler.remove_model(model_id)

@@ -2,7 +2,14 @@
 
 Every backend call runs on one thread, so the accelerator is used by one pass at a time and
 backends need no locks. Each model has a queue keyed by `seq_id`; a job runs only when its
-`seq_id` is the next one expected for its model. Models take turns, one job each.
+`seq_id` is the next one expected for its model.
+
+Turns: among the models whose next job is ready, `FairShare` (`fairshare.py`) picks: the tenant (API key) that
+was served the fewest tokens, then its least-served model, so a tenant's share of the trainer does not grow
+with its number of runs, and one tenant's burst cannot starve another's steps. Jobs left waiting say why in
+their future's queue state (`paused_capacity`: other keys' work goes first; `paused_rate_limit`: the key's own
+other runs do), which `retrieve_future` reports to the SDK. The bytes of every tenant's queued jobs are counted
+(`queued_bytes`) for its quota.
 
 Gap policy: when a model's next `seq_id` has not arrived but later ones are waiting (a
 submission the client gave up on), the queue waits `gap_timeout_s`, then skips to the lowest
@@ -29,6 +36,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tx.core.fairshare import Candidate, FairShare
 from tx.core.futures import Future, FutureRegistry
 from tx.types import ErrorCategory
 
@@ -40,10 +48,13 @@ class Job:
     future: Future
     fn: Callable[[], Any]
     lease: Callable[[], AbstractContextManager[Any]] | None = None  # e.g. the accelerator, from colocated engines
+    cost: float = 0.0  # tokens it trains on (fair share charges at least fairshare.MIN_COST)
+    size: int = 0  # bytes it holds while queued (its request), for the tenant's quota
 
 
 @dataclass
 class ModelQueue:
+    tenant: str = ""
     next_seq: int = 1
     pending: dict[int, Job] = field(default_factory=dict)
     rejected: set[int] = field(default_factory=set)  # seq_ids refused at submission: nothing to run
@@ -58,13 +69,14 @@ class ModelQueue:
 
 
 class Scheduler:
-    def __init__(self, futures: FutureRegistry, gap_timeout_s: float) -> None:
+    def __init__(self, futures: FutureRegistry, gap_timeout_s: float, fair: FairShare | None = None) -> None:
         self._futures = futures
         self._gap_timeout_s = gap_timeout_s
         self._queues: dict[str, ModelQueue] = {}
         self._unsequenced: deque[Job] = deque()
         self._cond = threading.Condition()
-        self._turn = 0
+        self._fair = fair or FairShare()
+        self._queued_bytes: dict[str, int] = {}  # tenant -> bytes of its queued jobs
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tx-training", daemon=True)
 
@@ -77,13 +89,17 @@ class Scheduler:
             self._cond.notify_all()
         self._thread.join(timeout_s)
 
-    def add_model(self, model_id: str, next_seq: int = 1) -> None:
+    def add_model(self, model_id: str, next_seq: int = 1, tenant: str = "") -> None:
         with self._cond:
-            self._queues.setdefault(model_id, ModelQueue(next_seq=next_seq))
+            self._queues.setdefault(model_id, ModelQueue(tenant=tenant, next_seq=next_seq))
 
     def remove_model(self, model_id: str) -> None:
         with self._cond:
             queue = self._queues.pop(model_id, None)
+            if queue is not None:
+                self._fair.forget(queue.tenant, model_id)
+                for job in queue.pending.values():
+                    self._count_bytes(queue.tenant, -job.size)
         for job in (queue.pending.values() if queue else ()):
             self._futures.fail(job.future, f"model {model_id!r} was removed", ErrorCategory.USER)
 
@@ -112,6 +128,7 @@ class Scheduler:
                 error = None
                 queue.rejected.discard(seq_id)
                 queue.pending[seq_id] = job
+                self._count_bytes(queue.tenant, job.size)
                 self._cond.notify_all()
         if error is not None:
             self._futures.fail(job.future, error, ErrorCategory.USER)
@@ -125,6 +142,27 @@ class Scheduler:
             queue.rejected.add(seq_id)
             queue.move_past_rejected()
             self._cond.notify_all()
+
+    def queued_bytes(self, tenant: str) -> int:
+        """Bytes of `tenant`'s jobs queued and not yet run."""
+        with self._cond:
+            return self._queued_bytes.get(tenant, 0)
+
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """{tenant: (jobs queued, their bytes)} for tenants with queued jobs."""
+        with self._cond:
+            jobs: dict[str, int] = {}
+            for queue in self._queues.values():
+                if queue.pending:
+                    jobs[queue.tenant] = jobs.get(queue.tenant, 0) + len(queue.pending)
+            return {tenant: (count, self._queued_bytes.get(tenant, 0)) for tenant, count in jobs.items()}
+
+    def _count_bytes(self, tenant: str, size: int) -> None:
+        left = self._queued_bytes.get(tenant, 0) + size
+        if left > 0:
+            self._queued_bytes[tenant] = left
+        else:
+            self._queued_bytes.pop(tenant, None)
 
     def queue_depths(self) -> dict[str, int]:
         """Requests waiting (submitted, not yet run) per model."""
@@ -153,26 +191,31 @@ class Scheduler:
     def _next_job(self) -> Job | None:
         if self._unsequenced:
             return self._unsequenced.popleft()
-        models = list(self._queues)
         now = time.monotonic()
-        for offset in range(len(models)):
-            model_id = models[(self._turn + offset) % len(models)]
-            job = self._take_ready(model_id, self._queues[model_id], now)
-            if job is not None:
-                self._turn = (self._turn + offset + 1) % max(len(models), 1)
-                return job
-        return None
+        ready = [Candidate(queue.tenant, model_id, queue.pending[queue.next_seq].cost)
+                 for model_id, queue in self._queues.items() if self._ready(model_id, queue, now)]
+        picked = self._fair.pick(ready)
+        if picked is None:
+            return None
+        self._fair.charge(picked)
+        queue = self._queues[str(picked.key)]
+        job = queue.pending.pop(queue.next_seq)
+        queue.next_seq += 1
+        self._count_bytes(queue.tenant, -job.size)
+        _mark_waiting([c for c in ready if c is not picked], picked, self._queues)
+        return job
 
-    def _take_ready(self, model_id: str, queue: ModelQueue, now: float) -> Job | None:
+    def _ready(self, model_id: str, queue: ModelQueue, now: float) -> bool:
+        """Whether the model's next job may run now (after skipping a gap that timed out)."""
         queue.move_past_rejected()
         if not queue.pending:
             queue.blocked_since = None
-            return None
+            return False
         if queue.next_seq not in queue.pending:
             if queue.blocked_since is None:
                 queue.blocked_since = now
             if now - queue.blocked_since < self._gap_timeout_s:
-                return None
+                return False
             skipped_to = min(queue.pending)
             logger.warning(
                 "model %s: seq_id %d never arrived within %.0fs; skipping to %d",
@@ -180,9 +223,7 @@ class Scheduler:
             )
             queue.next_seq = skipped_to
         queue.blocked_since = None
-        job = queue.pending.pop(queue.next_seq)
-        queue.next_seq += 1
-        return job
+        return True
 
     def _wait_time(self) -> float | None:
         blocked = [q.blocked_since for q in self._queues.values() if q.blocked_since is not None]
@@ -201,3 +242,18 @@ class Scheduler:
                 logger.exception("%s %s failed", job.future.kind, job.future.request_id)
         else:
             self._futures.resolve(job.future, result)
+
+
+def _mark_waiting(waiting: list[Candidate], picked: Candidate, queues: dict[str, ModelQueue]) -> None:
+    """Tell each ready job left waiting why (its future's queue state, read by retrieve_future)."""
+    others = len({c.tenant for c in waiting} - {picked.tenant})
+    for candidate in waiting:
+        queue = queues[str(candidate.key)]
+        future = queue.pending[queue.next_seq].future
+        if candidate.tenant == picked.tenant:
+            future.queue_state = "paused_rate_limit"
+            future.queue_state_reason = "this key's other training runs take their turns first (fair share)"
+        else:
+            future.queue_state = "paused_capacity"
+            future.queue_state_reason = (f"the trainer is running another key's work; {others + 1} keys have work "
+                                         "ready and take turns by tokens (fair share)")

@@ -5,6 +5,8 @@ load_state) names a `seq_id`, and runs on the training thread in `seq_id` order 
   `seq_id >= 1`, and `check` (the batch rules) must pass. A refused call raises a 4xx error.
 - A refused call used its `seq_id` all the same (`reject`): the queue moves past it at once.
 - A resent `(model, seq_id)` answers with the original future.
+- A call's bytes count against its key's `queued_training_bytes` quota until it runs (`quotas.py`): past it,
+  the call is refused (429, the client retries once queued work ran).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from tx.core import quotas
 from tx.core.futures import Future, FutureRegistry
+from tx.core.quotas import QuotaLimits
 from tx.core.scheduler import Job, Scheduler
 from tx.store.store import Store
 from tx.types import NotFoundError, UserError
@@ -22,15 +26,19 @@ Lease = Callable[[], AbstractContextManager[Any]]  # held around a training pass
 
 
 class Sequencer:
-    def __init__(self, store: Store, futures: FutureRegistry, scheduler: Scheduler) -> None:
+    def __init__(self, store: Store, futures: FutureRegistry, scheduler: Scheduler,
+                 limits: QuotaLimits | None = None) -> None:
         self.store = store
         self.futures = futures
         self.scheduler = scheduler
+        self.limits = limits or QuotaLimits()
 
     def submit(self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
-               lease: Lease | None = None, check: Callable[[], None] | None = None) -> Future:
+               lease: Lease | None = None, check: Callable[[], None] | None = None, *,
+               cost: float = 0.0, size: int = 0) -> Future:
         """Queue `fn` as `model_id`'s call `seq_id`. `check` raises (a UserError) for work that can never run:
-        it is refused here, before a future exists, and the route counts its seq_id as used."""
+        it is refused here, before a future exists, and the route counts its seq_id as used. `cost`: the tokens
+        it trains on (fair share); `size`: the bytes it holds while queued (the key's quota)."""
         run = self.store.get_run(model_id, owner)
         if seq_id < 1:
             raise UserError(f"seq_id must be >= 1, got {seq_id}")
@@ -41,13 +49,18 @@ class Sequencer:
             )
         if check is not None:
             check()
+        resent = self.futures.find(("seq", model_id, seq_id))
+        if resent is not None:
+            return resent
+        quotas.check("queued_training_bytes", self.scheduler.queued_bytes(owner), size,
+                     self.limits.queued_training_bytes)
         future, created = self.futures.create(
             owner, kind, ("seq", model_id, seq_id), session_id=run.session_id, track=model_id
         )
         if not created:
             return future
         self.store.touch_run(model_id)
-        self.scheduler.submit(model_id, seq_id, Job(future, fn, lease))
+        self.scheduler.submit(model_id, seq_id, Job(future, fn, lease, cost=cost, size=size))
         return future
 
     def reject(self, owner: str, model_id: str, seq_id: int) -> None:

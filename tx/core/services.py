@@ -13,6 +13,7 @@ from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.checkpoints.writer import CheckpointWriter, SamplerEngines
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
+from tx.core.quotas import QuotaLimits
 from tx.core.run_metrics import MetricsRecorder
 from tx.core.runs import RunService
 from tx.core.sampling.records import StabilityRecords
@@ -41,18 +42,20 @@ class Services:
 
 def build_services(store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
                    files: CheckpointFiles, signer: DownloadSigner, *, engines: SamplerEngines | None = None,
-                   training_lease: Lease | None = None, versions_kept: int = 8) -> Services:
+                   training_lease: Lease | None = None, versions_kept: int = 8,
+                   limits: QuotaLimits | None = None) -> Services:
     """`engines`: where sampler saves go (the engine manager; None: nowhere). `training_lease`: held around
-    each training pass (the manager's, which puts colocated engines to sleep)."""
+    each training pass (the manager's, which puts colocated engines to sleep). `limits`: every key's quotas."""
+    limits = limits or QuotaLimits()
     base_models = BaseModels(backend)
     catalog = CheckpointCatalog(store, files, signer, engines)
-    custom_losses = CustomLosses(store, futures, backend)
-    runs = RunService(store, backend, futures, scheduler, catalog, base_models)
-    sequencer = Sequencer(store, futures, scheduler)
+    custom_losses = CustomLosses(store, futures, backend, limits)
+    runs = RunService(store, backend, futures, scheduler, catalog, base_models, limits)
+    sequencer = Sequencer(store, futures, scheduler, limits)
     recorder = MetricsRecorder(store.metrics)
     records = StabilityRecords(store)
     return Services(
-        sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs, records]),
+        sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs, records], limits=limits),
         runs=runs,
         training=TrainingCalls(sequencer, backend, custom_losses, catalog, records, training_lease, recorder),
         sequencer=sequencer,

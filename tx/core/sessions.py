@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
+from tx.core import quotas
 from tx.core.checkpoints.downloads import DownloadSigner, LinkScope
+from tx.core.quotas import QuotaLimits
 from tx.core.futures import FutureRegistry
 from tx.core.timeline import chrome_trace
 from tx.store.store import Store
@@ -86,20 +89,24 @@ class SessionEnd(Protocol):
 
 class SessionService:
     def __init__(self, store: Store, futures: FutureRegistry, signer: DownloadSigner,
-                 on_finish: list[SessionEnd] | None = None) -> None:
+                 on_finish: list[SessionEnd] | None = None, limits: QuotaLimits | None = None) -> None:
         self.store = store
         self.futures = futures
         self.signer = signer
         self._on_finish = on_finish or []
+        self.limits = limits or QuotaLimits()
+        self._creating = threading.Lock()  # a key's quota check and its insert, one at a time
 
     # -- writes -----------------------------------------------------------------------------
     def create(self, owner: str, sdk_version: str | None, tags: list[str], user_metadata: dict[str, Any],
                project_id: str | None = None, display_name: str | None = None) -> str:
         session_id = uuid.uuid4().hex
-        self.store.create_session(SessionRow(
-            session_id=session_id, owner=owner, sdk_version=sdk_version, tags=tags, user_metadata=user_metadata,
-            project_id=project_id, display_name=display_name,
-        ))
+        with self._creating:
+            quotas.check("sessions", self.store.open_sessions(owner), 1, self.limits.sessions)
+            self.store.create_session(SessionRow(
+                session_id=session_id, owner=owner, sdk_version=sdk_version, tags=tags, user_metadata=user_metadata,
+                project_id=project_id, display_name=display_name,
+            ))
         return session_id
 
     def heartbeat(self, owner: str, session_id: str) -> None:

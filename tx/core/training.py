@@ -7,6 +7,7 @@ import time
 
 from tx.backends.base import TrainingBackend
 from tx.backends.provenance import apply_records, named_sequences, needs_records
+from tx.core import quotas
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import Future
@@ -14,7 +15,9 @@ from tx.core.results import WeightsLoaded
 from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
-from tx.types import AdamParams, ForwardBackwardInput, ForwardBackwardResult, OptimStepResult
+from tx.types import (
+    AdamParams, ForwardBackwardInput, ForwardBackwardResult, ImageChunk, OptimStepResult, TextChunk,
+)
 
 
 class TrainingCalls:
@@ -29,6 +32,7 @@ class TrainingCalls:
         self._training_lease = training_lease  # held around each training pass
         self.trained_tokens = 0  # target tokens of every forward_backward (not forward-only) run
         self.recorder = recorder  # per-step metrics for the console (None: not recorded)
+        self.trained_by_owner: dict[str, int] = {}  # the same, per key (only the training thread writes them)
 
     def forward_backward(self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput) -> Future:
         run = self.sequencer.store.get_run(model_id, owner)
@@ -48,11 +52,15 @@ class TrainingCalls:
             start = time.perf_counter()
             result = self.backend.forward_backward(model_id, checked[0])
             if not batch.forward_only:  # only the training thread writes it
-                self.trained_tokens += sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
+                tokens = sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
+                self.trained_tokens += tokens
+                self.trained_by_owner[owner] = self.trained_by_owner.get(owner, 0) + tokens
             self._measured(model_id, "forward" if batch.forward_only else "forward_backward", start, batch, result)
             return result
 
-        return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check)
+        tokens, size, images = measure(batch)
+        quotas.check("images_per_request", 0, images, self.sequencer.limits.images_per_request)
+        return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check, cost=tokens, size=size)
 
     def _with_records(self, owner: str, session_id: str, base_model: str,
                       batch: ForwardBackwardInput) -> ForwardBackwardInput:
@@ -89,3 +97,19 @@ class TrainingCalls:
             return WeightsLoaded(path=str(source), model_id=model_id)
 
         return self.sequencer.submit(owner, model_id, seq_id, "LoadWeights", run)
+
+
+def measure(batch: ForwardBackwardInput) -> tuple[int, int, int]:
+    """(tokens, bytes, images) of a batch: what fair share charges, what its queue holds, what its quota counts."""
+    tokens = size = images = 0
+    for datum in batch.data:
+        for chunk in datum.model_input.chunks:
+            if isinstance(chunk, TextChunk):
+                tokens += chunk.length
+                size += 8 * chunk.length
+            else:
+                images += 1
+                tokens += chunk.expected_tokens or 0
+                size += len(chunk.data) if isinstance(chunk, ImageChunk) else len(chunk.location)
+        size += sum(int(getattr(array, "nbytes", 0)) for array in datum.loss_fn_inputs.values())
+    return tokens, size, images

@@ -152,6 +152,31 @@ class Store:
         with self._tx() as db:
             return {sid: (int(n), int(size)) for sid, n, size in db.execute(query)}
 
+    def open_sessions(self, owner: str) -> int:
+        """The owner's sessions not finished (its `sessions` quota)."""
+        query = select(func.count()).select_from(SessionRow).where(
+            SessionRow.owner == owner, SessionRow.finished_at.is_(None))
+        with self._tx() as db:
+            return int(db.scalar(query) or 0)
+
+    def checkpoint_bytes(self, owner: str) -> int:
+        """Bytes of the owner's unexpired checkpoints (its `checkpoint_bytes` quota)."""
+        query = select(func.coalesce(func.sum(CheckpointRow.size_bytes), 0)).where(
+            CheckpointRow.owner == owner, _live(utcnow()))
+        with self._tx() as db:
+            return int(db.scalar(query) or 0)
+
+    def usage_by_owner(self) -> dict[str, tuple[int, int]]:
+        """{owner: (open sessions, checkpoint bytes)} for every owner holding either."""
+        sessions = (select(SessionRow.owner, func.count()).where(SessionRow.finished_at.is_(None))
+                    .group_by(SessionRow.owner))
+        sizes = (select(CheckpointRow.owner, func.sum(CheckpointRow.size_bytes)).where(_live(utcnow()))
+                 .group_by(CheckpointRow.owner))
+        with self._tx() as db:
+            counts = {owner: int(n) for owner, n in db.execute(sessions)}
+            held = {owner: int(size or 0) for owner, size in db.execute(sizes)}
+        return {owner: (counts.get(owner, 0), held.get(owner, 0)) for owner in counts.keys() | held.keys()}
+
     def list_sessions(self, owner: str, limit: int, offset: int) -> list[str]:
         with self._tx() as db:
             query = (

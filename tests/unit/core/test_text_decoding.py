@@ -68,7 +68,7 @@ class CannedSampling:
     def __init__(self, length: int, vocab: int) -> None:
         self.length, self.vocab = length, vocab
 
-    async def generate(self, base_model: str, weights_dir: Any, label: str, request: Any) -> SampleResult:
+    async def generate(self, owner: str, base_model: str, weights_dir: Any, label: str, request: Any) -> SampleResult:
         rng = random.Random(1)
         sequences = [SampledSequence(tokens=[rng.randrange(self.vocab) for _ in range(self.length)],
                                      logprobs=[-1.0] * self.length, stop_reason=StopReason.LENGTH)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, Response
 
 from tx.api.deps import Caller, Ctx, Operator
 from tx.api.errors import COMMON_ERRORS
+from tx.api.usage import UsageReport, usage_report
 from tx.api.wire.schemas.client import (
     ClientConfigRequest,
     ClientConfigResponse,
@@ -61,6 +63,13 @@ async def capabilities(ctx: Ctx, _: Caller) -> GetServerCapabilitiesResponse:
 async def engines(ctx: Ctx, _: Operator) -> dict:
     """tx's own, for operators: the inference engines, their state, weight versions and health."""
     return {"groups": await ctx.manager.describe()}
+
+
+@router.get("/tx/usage")
+async def usage(ctx: Ctx, _: Operator) -> UsageReport:
+    """tx's own, for operators: every key's use of its quotas (sessions, runs, queued work, samples in flight,
+    checkpoint bytes, custom losses) and the tokens it trained and sampled (tx/core/quotas.py)."""
+    return await asyncio.to_thread(usage_report, ctx, ctx.settings.quotas)
 
 
 @router.post("/telemetry")

@@ -46,7 +46,8 @@ router = APIRouter(tags=["futures"], responses=COMMON_ERRORS | error_responses(4
 async def retrieve_future(body: RetrieveFutureRequest, ctx: Ctx, caller: Caller) -> Response:
     future = await ctx.futures.wait(body.request_id, caller.owner, ctx.settings.long_poll_s)
     if not future.done:
-        return _json(TryAgainResponse(request_id=future.request_id))
+        return _json(TryAgainResponse(request_id=future.request_id, queue_state=future.queue_state,
+                                      queue_state_reason=future.queue_state_reason))
     if future.failure is not None:
         return _json(RequestFailedResponse(error=future.failure.message, category=future.failure.category))
     return encode_result(future.result)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -13,4 +15,5 @@ router = APIRouter(tags=["operators"], responses=error_responses(401, 403))
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     request.app.state.operator_checker(request)
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    body = await asyncio.to_thread(generate_latest, request.app.state.metrics.registry)  # reads the store
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

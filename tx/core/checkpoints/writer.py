@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tx.backends.base import TrainingBackend
+from tx.core import quotas
 from tx.core.checkpoints.encryption import encrypt_tree, parse_recipients
 from tx.core.checkpoints.files import CheckpointFiles, TinkerPath, validate_name, validate_ttl
 from tx.core.futures import Future
@@ -55,7 +56,7 @@ class CheckpointWriter:
             self._write(owner, path, lambda d: self.backend.save_state(model_id, d), ttl_s, overwrite, user_metadata)
             return CheckpointSaved(str(path))
 
-        return self.sequencer.submit(owner, model_id, seq_id, "SaveWeights", run)
+        return self.sequencer.submit(owner, model_id, seq_id, "SaveWeights", run, check=self._room(owner))
 
     def save_weights_for_sampler(self, owner: str, model_id: str, seq_id: int, name: str | None,
                                  sampling_session_seq_id: int | None, ttl_s: int | None,
@@ -78,7 +79,7 @@ class CheckpointWriter:
             self._published(owner, model_id, self.files.directory(path), str(path), start=False)
             return SamplerSaved(path=str(path), sampling_session_id=None)
 
-        return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsForSampler", save)
+        return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsForSampler", save, check=self._room(owner))
 
     def save_weights_external(self, owner: str, model_id: str, seq_id: int, name: str, ttl_s: int | None,
                               age_recipients: list[str] | None) -> Future:
@@ -94,7 +95,14 @@ class CheckpointWriter:
         def run() -> ExternalSaved:
             return ExternalSaved(path=str(path), size_bytes=self._write(owner, path, write, ttl_s, True, None))
 
-        return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsExternal", run)
+        return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsExternal", run, check=self._room(owner))
+
+    def _room(self, owner: str) -> Callable[[], None]:
+        """The check at submission of a named save: the key's checkpoints are under its `checkpoint_bytes` quota
+        (a save that crosses it is kept; the next one is refused)."""
+        limit = self.sequencer.limits.checkpoint_bytes
+        return lambda: quotas.check("checkpoint_bytes", self.store.checkpoint_bytes(owner), 1, limit,
+                                    asked="a new save")
 
     def _save_ephemeral_sampler(self, owner: str, model_id: str, seq: int | None, inflight: bool) -> SamplerSaved:
         run = self.store.get_run(model_id, owner)

@@ -66,7 +66,7 @@ class TextSampling:
             tokens = await self._off_loop(base_model, lambda: tokenizer.encode(prompt, add_special_tokens=False))
         if any(not 0 <= token < len(tokenizer) for token in tokens):
             raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
-        return await self._generate(tokenizer, base_model, weights_dir, model, tokens, params, n)
+        return await self._generate(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
 
     async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
                    n: int) -> TextResult:
@@ -75,14 +75,14 @@ class TextSampling:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")
         tokens = await self._off_loop(base_model, lambda: _render_chat(tokenizer, base_model, messages))
-        return await self._generate(tokenizer, base_model, weights_dir, model, tokens, params, n)
+        return await self._generate(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
 
-    async def _generate(self, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str,
+    async def _generate(self, owner: str, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str,
                         tokens: list[int], params: SamplingParams, n: int) -> TextResult:
         if not tokens:
             raise UserError("the prompt is empty")
         request = SampleRequest(prompt=ModelInput.from_tokens(tokens), num_samples=n, params=params)
-        result = await self._sampling.generate(base_model, weights_dir, label, request)
+        result = await self._sampling.generate(owner, base_model, weights_dir, label, request)
         choices = await self._off_loop(base_model, lambda: [
             _choice(tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, params.stop_strings)
             for seq in result.sequences

@@ -38,6 +38,7 @@ class EngineKind:
     startup_timeout_s: float  # how long a launcher waits for one to serve, unless told otherwise
     stop_timeout_s: float  # how long `stop` waits after SIGTERM before it SIGKILLs the engine's process group
     tensor_parallel: bool  # whether one engine may span several GPUs
+    batch_rows: int  # sequences one engine decodes together (a sample's num_samples is bounded by it)
     check: Callable[[], object] | None = None  # raises when this kind cannot run here (at launcher start)
 
     def require(self) -> None:
@@ -49,10 +50,12 @@ class EngineKind:
 EMBEDDED = EngineKind(
     name="embedded", label="embedded engine", module="tx.inference.engines.embedded",
     config=EmbeddedEngineConfig, startup_timeout_s=300.0, stop_timeout_s=2.0, tensor_parallel=False,
+    batch_rows=EmbeddedEngineConfig.model_fields["max_batch_size"].default,
 )
 VLLM = EngineKind(
     name="vllm", label="vLLM engine", module="tx.inference.engines.vllm", config=VllmEngineConfig,
     startup_timeout_s=600.0, stop_timeout_s=30.0, tensor_parallel=True, check=require_vllm,
+    batch_rows=256,  # vLLM's default --max-num-seqs
 )
 ENGINE_KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (EMBEDDED, VLLM)}
 assert set(ENGINE_KINDS) == set(get_args(EngineKindName))
