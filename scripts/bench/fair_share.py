@@ -6,8 +6,8 @@ one after another. Tenant "heavy" (another key) keeps 8 runs training pipelined 
 the light tenant's work, and 8x its runs), then 8 threads sampling without pause. Each phase runs twice: the light
 tenant alone, then beside the heavy one; so the light tenant's latency under the burst reads against its own.
 
-Prints one JSON object: per phase and tenant, tokens/s, step (or sample) latency p50/p90, and the light tenant's
-slowdown (burst / alone). Fair share by tokens per tenant (tx/core/fairshare.py) keeps that slowdown near 2 for
+Prints one JSON object: per phase and tenant, tokens/s, step (or sample) latency p50/p90, the light tenant's
+slowdown (burst / alone), and, from its session's trace, how long its calls waited queued on the server and ran. Fair share by tokens per tenant (tx/core/fairshare.py) keeps that slowdown near 2 for
 training (its step waits at most for the heavy step in progress); turns per run would make it about 9.
 
     python scripts/bench/fair_share.py [--steps 12] [--batch 8] [--seq-len 64] [--samples 12]
@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import tinker
 from tinker import types
@@ -123,6 +124,18 @@ def heavy_sampling(sampler: tinker.SamplingClient, params: types.SamplingParams,
     return {"tokens_per_s": round(sum(tokens) / (time.perf_counter() - start), 1), "threads": len(tokens)}
 
 
+def server_waits(server: TxServer, client: tinker.ServiceClient, key: str, kind: str, since: float) -> dict:
+    """From the session's trace (tinker session export-trace): how long the key's `kind` calls submitted after
+    `since` (unix time) waited queued on the server, and ran."""
+    session = client.holder.get_session_id()
+    link = httpx.get(f"{server.url}/api/v1/sessions/{session}/trace_export", headers={"X-API-Key": key}).json()["url"]
+    events = httpx.get(link, timeout=60).json()["traceEvents"]
+    slices = [e for e in events if e.get("ph") == "X" and e["ts"] / 1e6 >= since]
+    queued = [e["dur"] / 1e6 for e in slices if e["name"] == f"{kind} (queued)"]
+    ran = [e["dur"] / 1e6 for e in slices if e["name"] == kind]
+    return {"queued_s": quantiles(queued), "run_s": quantiles(ran)} if queued and ran else {}
+
+
 def beside(heavy, light) -> tuple[dict, dict]:
     """Run `light()` while `heavy(stop)` keeps the server busy; (light's figures, heavy's)."""
     stop = threading.Event()
@@ -155,15 +168,23 @@ def main() -> None:
             tc = light.create_lora_training_client(str(model), rank=8).result()
             heavy_tcs = [heavy.create_lora_training_client(str(model), rank=8).result() for _ in range(HEAVY_RUNS)]
             light_training(tc, light_data, 2)  # warm up
+            since = time.time()
             alone = light_training(tc, light_data, args.steps)
+            alone["forward_backward_on_server"] = server_waits(server, light, LIGHT, "ForwardBackward", since)
+            since = time.time()
             burst, heavy_train = beside(lambda stop: heavy_training(heavy_tcs, heavy_data, stop),
                                         lambda: light_training(tc, light_data, args.steps))
+            burst["forward_backward_on_server"] = server_waits(server, light, LIGHT, "ForwardBackward", since)
             light_sampler = tc.save_weights_and_get_sampling_client("light")
             heavy_sampler = heavy_tcs[0].save_weights_and_get_sampling_client("heavy")
             light_sampling(light_sampler, 2, params)  # warm up (the engine starts)
+            since = time.time()
             sample_alone = light_sampling(light_sampler, args.samples, params)
+            sample_alone["on_server"] = server_waits(server, light, LIGHT, "Sample", since)
+            since = time.time()
             sample_burst, heavy_sample = beside(lambda stop: heavy_sampling(heavy_sampler, params, stop),
                                                 lambda: light_sampling(light_sampler, args.samples, params))
+            sample_burst["on_server"] = server_waits(server, light, LIGHT, "Sample", since)
     print(json.dumps({
         "workload": {"batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
                      "heavy_runs": HEAVY_RUNS, "light_samples": args.samples, "max_tokens": 16},
