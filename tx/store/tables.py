@@ -60,7 +60,7 @@ class CheckpointRow(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
     user_metadata: Mapped[dict | None] = mapped_column(JSON)
     public: Mapped[bool] = mapped_column(Boolean, default=False)
-    # new at every save, also of a name saved before: what signed download links bind to (migration 0002)
+    # new at every save, also of a name saved before: what signed download links bind to (migration 0004)
     creation_id: Mapped[str] = mapped_column(String(32), default=lambda: uuid.uuid4().hex)
 
 

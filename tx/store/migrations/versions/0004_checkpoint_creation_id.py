@@ -2,7 +2,7 @@
 before). Signed download links name it, so a link dies with the checkpoint it was made for, never opening a
 checkpoint re-created under the same name. Rows saved before this revision get one each.
 
-Revision ID: 0002
+Revision ID: 0004
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import uuid
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
