@@ -19,17 +19,17 @@ MAX_KEYS = 100
 
 class KeyUsage(BaseModel):
     owner: str = Field(description="the key's owner id (sha256 of the key, shortened), as runs and checkpoints record it")
-    sessions: int = Field(0, description="open sessions")
-    runs: int = Field(0, description="training runs loaded (or being loaded)")
-    lora_rank: int = Field(0, description="LoRA ranks of those runs, summed")
-    queued_training_calls: int = Field(0, description="training calls queued, not yet run")
-    queued_training_bytes: int = Field(0, description="their bytes")
-    samples_in_flight: int = Field(0, description="sequences submitted and not yet done")
-    samples_waiting: int = Field(0, description="of which waiting for engine capacity (fair share)")
-    checkpoint_bytes: int = Field(0, description="bytes of unexpired checkpoints")
-    custom_losses: int = Field(0, description="custom losses held")
-    trained_tokens: int = Field(0, description="target tokens of its forward_backward passes since start")
-    sampled_tokens: int = Field(0, description="tokens sampled for it since start")
+    sessions: int = Field(default=0, description="open sessions")
+    runs: int = Field(default=0, description="training runs loaded (or being loaded)")
+    lora_rank: int = Field(default=0, description="LoRA ranks of those runs, summed")
+    queued_training_calls: int = Field(default=0, description="training calls queued, not yet run")
+    queued_training_bytes: int = Field(default=0, description="their bytes")
+    samples_in_flight: int = Field(default=0, description="sequences submitted and not yet done")
+    samples_waiting: int = Field(default=0, description="of which waiting for engine capacity (fair share)")
+    checkpoint_bytes: int = Field(default=0, description="bytes of unexpired checkpoints")
+    custom_losses: int = Field(default=0, description="custom losses held")
+    trained_tokens: int = Field(default=0, description="target tokens of its forward_backward passes since start")
+    sampled_tokens: int = Field(default=0, description="tokens sampled for it since start")
 
 
 class UsageReport(BaseModel):
