@@ -1,6 +1,8 @@
 """The sequencing rules at the HTTP edge: a sequenced request (it names a model and a seq_id) that is refused
 used its seq_id all the same, so the model's queue moves past it at once instead of waiting out the gap
-timeout (the SDK never resends a seq_id). The queue itself is `tx/core/scheduler.py`.
+timeout (the SDK never resends a seq_id), except a 429 (a key's queued-work quota,
+`QuotaExceededError.transient`): the SDK resends that very call, so its seq_id stays free. The queue itself
+is `tx/core/scheduler.py`.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from tx.api.deps import Ctx
-from tx.types import ConflictError, NotFoundError, UserError
+from tx.types import ConflictError, NotFoundError, QuotaExceededError, UserError
 
 
 @contextlib.asynccontextmanager
 async def uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIterator[None]:
     """A sequenced request refused at submission still used its seq_id (the SDK never resends it):
-    on a 4xx the model's queue moves past it, so the next call does not wait out the gap timeout."""
+    on a 4xx the model's queue moves past it, so the next call does not wait out the gap timeout. Not on a 429
+    for a transient quota: the SDK resends the call, with this seq_id, once queued work ran."""
     try:
         yield
-    except (UserError, NotFoundError, ConflictError):
-        await asyncio.to_thread(ctx.sequencer.reject, owner, model_id, seq_id)
+    except (UserError, NotFoundError, ConflictError) as exc:
+        if not (isinstance(exc, QuotaExceededError) and exc.transient):
+            await asyncio.to_thread(ctx.sequencer.reject, owner, model_id, seq_id)
         raise
 
 
