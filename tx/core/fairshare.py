@@ -53,6 +53,16 @@ class _Ledger:
         self.served.pop(member, None)
 
 
+def tally(counts: dict[str, int], tenant: str, delta: int) -> None:
+    """Add `delta` to `tenant`'s count in `counts`, dropping the tenant at zero (counts list only tenants holding
+    something: the queues' bytes, the sequences in flight)."""
+    left = counts.get(tenant, 0) + delta
+    if left > 0:
+        counts[tenant] = left
+    else:
+        counts.pop(tenant, None)
+
+
 class FairShare:
     def __init__(self, weights: Mapping[str, float] | None = None) -> None:
         """`weights`: a tenant's share relative to others (default 1 for every tenant)."""

@@ -36,7 +36,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tx.core.fairshare import Candidate, FairShare
+from tx.core.fairshare import Candidate, FairShare, tally
 from tx.core.futures import Future, FutureRegistry
 from tx.types import ErrorCategory
 
@@ -99,7 +99,7 @@ class Scheduler:
             if queue is not None:
                 self._fair.forget(queue.tenant, model_id)
                 for job in queue.pending.values():
-                    self._count_bytes(queue.tenant, -job.size)
+                    tally(self._queued_bytes, queue.tenant, -job.size)
         for job in (queue.pending.values() if queue else ()):
             self._futures.fail(job.future, f"model {model_id!r} was removed", ErrorCategory.USER)
 
@@ -128,7 +128,7 @@ class Scheduler:
                 error = None
                 queue.rejected.discard(seq_id)
                 queue.pending[seq_id] = job
-                self._count_bytes(queue.tenant, job.size)
+                tally(self._queued_bytes, queue.tenant, job.size)
                 self._cond.notify_all()
         if error is not None:
             self._futures.fail(job.future, error, ErrorCategory.USER)
@@ -156,13 +156,6 @@ class Scheduler:
                 if queue.pending:
                     jobs[queue.tenant] = jobs.get(queue.tenant, 0) + len(queue.pending)
             return {tenant: (count, self._queued_bytes.get(tenant, 0)) for tenant, count in jobs.items()}
-
-    def _count_bytes(self, tenant: str, size: int) -> None:
-        left = self._queued_bytes.get(tenant, 0) + size
-        if left > 0:
-            self._queued_bytes[tenant] = left
-        else:
-            self._queued_bytes.pop(tenant, None)
 
     def queue_depths(self) -> dict[str, int]:
         """Requests waiting (submitted, not yet run) per model."""
@@ -201,7 +194,7 @@ class Scheduler:
         queue = self._queues[str(picked.key)]
         job = queue.pending.pop(queue.next_seq)
         queue.next_seq += 1
-        self._count_bytes(queue.tenant, -job.size)
+        tally(self._queued_bytes, queue.tenant, -job.size)
         _mark_waiting([c for c in ready if c is not picked], picked, self._queues)
         return job
 

@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from tx.core import quotas
-from tx.core.fairshare import FairShare
+from tx.core.fairshare import FairShare, tally
 from tx.core.futures import Future
 from tx.core.quotas import QuotaLimits
 from tx.core.sampling.gate import SamplingGate
@@ -53,15 +53,11 @@ class SampleAdmission:
             raise OverloadedError(f"{queued} sequences are being sampled (the server's limit is {self.max_queue}); "
                                   "retry shortly")
         quotas.check("samples_in_flight", self._in_flight.get(owner, 0), rows, self.limits.samples_in_flight)
-        self._in_flight[owner] = self._in_flight.get(owner, 0) + rows
+        tally(self._in_flight, owner, rows)
 
     def end(self, owner: str, request: SampleRequest) -> None:
         """An admitted sample ended (done, failed or cancelled)."""
-        left = self._in_flight.get(owner, 0) - request.num_samples
-        if left > 0:
-            self._in_flight[owner] = left
-        else:
-            self._in_flight.pop(owner, None)
+        tally(self._in_flight, owner, -request.num_samples)
 
     @contextlib.asynccontextmanager
     async def turn(self, owner: str, base_model: str, request: SampleRequest,

@@ -16,7 +16,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-from tx.core.fairshare import Candidate, FairShare
+from tx.core.fairshare import Candidate, FairShare, tally
 from tx.core.futures import Future
 
 
@@ -57,11 +57,7 @@ class SamplingGate:
             raise
 
     def release(self, tenant: str, rows: int) -> None:
-        left = self._in_flight.get(tenant, 0) - rows
-        if left > 0:
-            self._in_flight[tenant] = left
-        else:
-            self._in_flight.pop(tenant, None)
+        tally(self._in_flight, tenant, -rows)
         self._dispatch()
 
     def usage(self) -> dict[str, tuple[int, int]]:
@@ -83,7 +79,7 @@ class SamplingGate:
             if not self._waiting[tenant]:
                 del self._waiting[tenant]
             self._fair.charge(picked)
-            self._in_flight[tenant] = self._in_flight.get(tenant, 0) + waiter.rows
+            tally(self._in_flight, tenant, waiter.rows)
             if waiter.future is not None:
                 waiter.future.queue_state, waiter.future.queue_state_reason = "active", None
             waiter.ready.set_result(None)
