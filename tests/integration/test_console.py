@@ -184,6 +184,10 @@ def test_a_tenant_key_never_sees_another_tenants_run(page: Page, console_server:
         page.screenshot(shots / "session-timeline.png")
         page.goto(f"{console_server.url}/console#/engines")
         page.wait_for("document.body.dataset.ready === 'engines' && document.querySelector('#engines tr[data-engine]')")
+        owner = tinker.RestClient(base_url=console_server.url, api_key=ALICE).get_training_run(run).result().model_owner
+        row = f"#usage tr[data-owner=\"{owner}\"]"  # every key's use of its quotas, alice's run among hers
+        page.wait_for(f"document.querySelector('{row}')")
+        assert page.evaluate(f"document.querySelector('{row}').children[2].textContent").split(" / ")[0] != "0"
         page.screenshot(shots / "engines.png")
 
 

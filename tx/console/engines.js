@@ -1,5 +1,6 @@
 // Engines (operator keys): per base model, each engine's state, the weight versions it holds, its queue,
-// tokens/s and restarts; the trainer's GPU memory when it has one. Refreshed every 2 s.
+// tokens/s and restarts; the trainer's GPU memory when it has one; then every key's use of its quotas
+// (GET /tx/usage, tx/core/quotas.py). Refreshed every 2 s.
 
 import { api } from "./api.js";
 import { h, clear, fmtNum, fmtInt, fmtBytes, pill } from "./dom.js";
@@ -8,7 +9,7 @@ export async function render(main, ctx) {
   const body = h("div", { id: "engines" });
   main.append(h("h1", {}, "Inference engines"), body);
   async function refresh() {
-    const data = await api("/console/engines");
+    const [data, usage] = await Promise.all([api("/console/engines"), api("/tx/usage")]);
     clear(body);
     const mem = data.gpu_memory;
     body.append(h("div", { class: "panel row" }, h("span", {}, `restarts, all engines: ${data.restarts}`),
@@ -24,9 +25,28 @@ export async function render(main, ctx) {
         h("table", {}, h("thead", {}, h("tr", {}, ["engine", "state", "pid", "weight versions", "running", "waiting", "tokens/s", "tokens", "restarts", "transport", "device", ""]
           .map((t, i) => h("th", { class: i >= 4 && i <= 8 ? "num" : "" }, t)))), h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 12, class: "muted" }, "no engines"))))));
     }
+    body.append(usagePanel(usage));
   }
   await refresh();
   ctx.ready();
   const timer = setInterval(() => refresh().catch(() => {}), 2000);
   return () => clearInterval(timer);
+}
+
+// Every key holding something (owner ids, busiest first), each quota's use against its limit.
+const USAGE = [["sessions", "sessions"], ["runs", "runs"], ["lora_rank", "LoRA rank"], ["queued_training_bytes", "queued bytes"],
+  ["samples_in_flight", "samples in flight"], ["checkpoint_bytes", "checkpoint bytes"], ["custom_losses", "custom losses"]];
+
+function usagePanel(usage) {
+  const cell = (key, quota) => {
+    const used = key[quota], limit = usage.limits[quota];
+    const text = quota.endsWith("_bytes") ? `${fmtBytes(used)} / ${fmtBytes(limit)}` : `${fmtInt(used)} / ${fmtInt(limit)}`;
+    return h("td", { class: used >= limit ? "num error" : "num", title: usage.settings[quota] }, text);
+  };
+  const rows = usage.keys.map((key) => h("tr", { dataset: { owner: key.owner } }, h("td", { class: "mono" }, key.owner),
+    USAGE.map(([quota]) => cell(key, quota)), h("td", { class: "num" }, fmtInt(key.trained_tokens)), h("td", { class: "num" }, fmtInt(key.sampled_tokens))));
+  const heads = ["key (owner id)", ...USAGE.map(([, label]) => label), "trained tokens", "sampled tokens"];
+  return h("div", { class: "panel", id: "usage" }, h("h2", {}, "Keys: quota use (used / limit)"),
+    h("table", {}, h("thead", {}, h("tr", {}, heads.map((t, i) => h("th", { class: i ? "num" : "" }, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: heads.length, class: "muted" }, "no key holds anything")))));
 }
