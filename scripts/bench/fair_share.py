@@ -30,9 +30,9 @@ import tinker
 from tinker import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from txserver import TxServer  # noqa: E402
+from txserver import TxServer
 
-from tx.models import write_tiny_text_model  # noqa: E402
+from tx.models import write_tiny_text_model
 
 LIGHT, HEAVY = "tml-bench-light", "tml-bench-heavy"
 HEAVY_RUNS = 8

@@ -126,8 +126,8 @@ def test_unpublish_and_delete_end_samplers_already_made(
     trained.rest.publish_checkpoint_from_tinker_path(path).result()
     prompt = types.ModelInput.from_ints(trained.tokens[:5])
     params = types.SamplingParams(max_tokens=2, temperature=0.0)
-    theirs = other.create_sampling_client(model_path=path)
-    mine = trained.service.create_sampling_client(model_path=path)
+    theirs = other.create_sampling_client(model_path=path).result()
+    mine = trained.service.create_sampling_client(model_path=path).result()
     theirs.sample(prompt, 1, params).result()
     trained.rest.unpublish_checkpoint_from_tinker_path(path).result()
     with pytest.raises(tinker.NotFoundError, match="its owner unpublished or deleted"):

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 import tinker
 from tinker import types
 from txserver import TxServer
@@ -80,7 +79,7 @@ def kind_of(port: int) -> str:
 def test_every_listening_socket_is_private_and_guarded(server: TxServer,
                                                        service_client: tinker.ServiceClient) -> None:
     training = service_client.create_lora_training_client("tiny-qwen3", rank=4).result()
-    sampler = training.save_weights_and_get_sampling_client("sockets")  # starts the engine, pushes weights over gloo
+    sampler = training.save_weights_and_get_sampling_client().result()  # starts the engine, pushes weights over gloo
     sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result()
     assert server.proc is not None
     sockets = listening(process_tree(server.proc.pid))

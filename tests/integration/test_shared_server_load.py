@@ -23,7 +23,6 @@ import tinker
 from test_listening_sockets import listening, process_tree
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
-
 from txserver import TxServer
 
 BASE = "tiny-qwen3"
@@ -46,7 +45,7 @@ def good_tenant(server: TxServer, key: str, index: int, published: dict[str, str
             training.forward_backward([datum(100 * index + step)], "cross_entropy").result()
             training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
             calls += 2
-        sampler = training.save_weights_and_get_sampling_client(f"good-{index}").result()
+        sampler = training.save_weights_and_get_sampling_client().result()
         for i in range(2):
             result = sampler.sample(types.ModelInput.from_ints([5, 6, 7 + i]), 2,
                                     types.SamplingParams(max_tokens=8)).result()

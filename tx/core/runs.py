@@ -24,7 +24,6 @@ from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
 from tx.types import LoraConfig, model_id_for
 
-
 T = TypeVar("T")
 
 

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from tx.core import quotas
 from tx.core.checkpoints.downloads import DownloadSigner, LinkScope
-from tx.core.quotas import QuotaLimits
 from tx.core.futures import FutureRegistry
+from tx.core.quotas import QuotaLimits
 from tx.core.timeline import chrome_trace
 from tx.store.store import Store
 from tx.store.tables import SessionRow

@@ -16,7 +16,12 @@ from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
 from tx.types import (
-    AdamParams, ForwardBackwardInput, ForwardBackwardResult, ImageChunk, OptimStepResult, TextChunk,
+    AdamParams,
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    ImageChunk,
+    OptimStepResult,
+    TextChunk,
 )
 
 

@@ -44,7 +44,7 @@ def test_a_socket_directory_others_may_enter_is_refused(tmp_path: Path) -> None:
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 

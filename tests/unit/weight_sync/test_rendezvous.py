@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from tx.inference.weight_sync.rendezvous import StoreServer, RemoteStore, new_token
+from tx.inference.weight_sync.rendezvous import RemoteStore, StoreServer, new_token
 from tx.inference.weight_sync.types import WeightSyncError
 
 TIMEOUT = timedelta(seconds=5)

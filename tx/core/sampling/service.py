@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from tx.core.completions import CLONE_BLOCK
@@ -123,7 +123,7 @@ class SamplingService:
         except asyncio.CancelledError:
             self.futures.fail(future, "cancelled by the client", ErrorCategory.USER)
             raise
-        except Exception as exc:  # noqa: BLE001 - the future carries every failure
+        except Exception as exc:
             if self.futures.fail_with(future, exc) is ErrorCategory.SERVER:
                 logger.exception("sample %s failed", future.request_id)
         else:

@@ -14,7 +14,6 @@ Nothing here is pickled; tensors never travel inside these models.
 from __future__ import annotations
 
 import secrets
-
 from typing import Literal
 
 import torch
