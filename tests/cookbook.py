@@ -85,7 +85,9 @@ class CookbookFixture:
     models: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, root: Path, models: Iterable[str] = (DEFAULT_MODEL,), preset: str = "tiny") -> CookbookFixture:
+    def create(
+        cls, root: Path, models: Iterable[str] = (DEFAULT_MODEL,), preset: str | None = None
+    ) -> CookbookFixture:
         fx = cls(Path(root))
         fx.root.mkdir(parents=True, exist_ok=True)
         fx.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -101,8 +103,9 @@ class CookbookFixture:
     def runs_dir(self) -> Path:
         return self.root / "runs"
 
-    def add_model(self, name: str, preset: str = "tiny", timeout_s: float = 300) -> Path:
-        """File a tiny random model + tokenizer under hub name `name` (`tx models make-tiny`).
+    def add_model(self, name: str, preset: str | None = None, timeout_s: float = 300) -> Path:
+        """File a tiny random model + tokenizer under hub name `name` (`tx models make-tiny`): of `preset`, or
+        of the family the name says.
 
         Returns its snapshot directory. Idempotent: a name already in the cache is not rewritten.
         """
@@ -112,7 +115,7 @@ class CookbookFixture:
             snapshot = ref.parent.parent / "snapshots" / ref.read_text().strip()
         else:
             cmd = [sys.executable, "-m", "tx.cli", "models", "make-tiny", name,
-                   "--hf-home", str(self.hf_home), "--preset", preset]
+                   "--hf-home", str(self.hf_home), *(["--preset", preset] if preset else [])]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                                   stdin=subprocess.DEVNULL, env={**os.environ, **offline_env(self.hf_home)})
             if proc.returncode != 0:

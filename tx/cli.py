@@ -121,12 +121,14 @@ def _image_arguments(p: argparse.ArgumentParser) -> None:
 
 def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("make-tiny", help="write a tiny random model + tokenizer for offline use")
-    p.add_argument("name", help="hub name to file it under, e.g. Qwen/Qwen3-8B")
+    p.add_argument("name", help="hub name to file it under, e.g. Qwen/Qwen3-8B; it picks the model family")
     p.add_argument("--hf-home", type=Path, help="HF home to write into (default $HF_HOME or ~/.cache/huggingface)")
     p.add_argument("--out", type=Path, help="write to this plain directory instead of an HF cache")
     p.add_argument(
-        "--preset", default="tiny",
-        help="tiny (default), bench (~21M parameters) or vlm (a tiny Qwen3-VL with its image processor)",
+        "--preset",
+        help="the tiny model to write instead of the one the name's family gets: tiny (Qwen3), bench (~21M "
+        "parameters), vlm (Qwen3-VL), qwen3_5, qwen3_5_vl, qwen3_5_moe, qwen3_5_moe_vl, qwen3_moe, deepseek_v3, "
+        "gpt_oss, gemma3, llama, vocab-h64, vocab-h256",
     )
     p.add_argument("--seed", type=int, default=0)
 
@@ -232,13 +234,18 @@ def engine_serve(args: argparse.Namespace) -> int:
 
 
 def make_tiny(args: argparse.Namespace) -> int:
-    from tx.models import write_tiny_model, write_to_hf_cache
+    from tx.models import preset_for_name, write_tiny_model, write_to_hf_cache
 
-    if args.out is not None:
-        path = write_tiny_model(args.out, preset=args.preset, seed=args.seed)
-    else:
-        hf_home = args.hf_home or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-        path = write_to_hf_cache(args.name, hf_home, preset=args.preset, seed=args.seed)
+    try:
+        preset = args.preset or preset_for_name(args.name)
+        if args.out is not None:
+            path = write_tiny_model(args.out, preset=preset, seed=args.seed)
+        else:
+            hf_home = args.hf_home or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+            path = write_to_hf_cache(args.name, hf_home, preset=preset, seed=args.seed)
+    except ValueError as exc:
+        print(f"tx models make-tiny: {exc}", file=sys.stderr)
+        return 2
     print(path)
     return 0
 

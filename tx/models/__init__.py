@@ -1,13 +1,13 @@
-"""Model files for tx: tiny random Qwen3 and Qwen3-VL models, their synthetic tokenizer, and finding models on
-disk.
+"""Model files for tx: tiny random models of each supported family, their synthetic tokenizer, and finding
+models on disk.
 
-Public surface: `build_tokenizer`, `write_tiny_model` (a text preset or "vlm"), `write_tiny_text_model`, `PRESETS`,
-`write_to_hf_cache` and `resolve_model_dir`. Heavy libraries (torch, transformers) are imported inside the
-functions that need them.
+Public surface: `build_tokenizer`, `write_tiny_model` (any preset of `make_tiny`), `preset_for_name`,
+`write_tiny_text_model` (the Qwen3 shapes of `PRESETS`), `write_to_hf_cache` and `resolve_model_dir`. Heavy
+libraries (torch, transformers) are imported inside the functions that need them.
 """
 
 from tx.models.hub import write_to_hf_cache
-from tx.models.make_tiny import write_tiny_model
+from tx.models.make_tiny import all_presets, preset_for_name, write_tiny_model
 from tx.models.resolve import resolve_model_dir
 from tx.models.tiny import PRESETS, TinyPreset, write_tiny_text_model
 from tx.models.tokenizer import build_tokenizer
@@ -15,7 +15,9 @@ from tx.models.tokenizer import build_tokenizer
 __all__ = [
     "PRESETS",
     "TinyPreset",
+    "all_presets",
     "build_tokenizer",
+    "preset_for_name",
     "resolve_model_dir",
     "write_tiny_model",
     "write_tiny_text_model",

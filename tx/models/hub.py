@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tx.models.make_tiny import write_tiny_model
+from tx.models.make_tiny import preset_for_name, write_tiny_model
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +64,15 @@ def _write_ref(ref_file: Path, commit: str) -> None:
     os.replace(tmp, ref_file)
 
 
-def write_to_hf_cache(name: str, hf_home: Path, preset: str = "tiny", seed: int = 0) -> Path:
-    """Write a tiny model of `preset` under hub id `name` in `<hf_home>/hub`; return its snapshot directory.
+def write_to_hf_cache(name: str, hf_home: Path, preset: str | None = None, seed: int = 0) -> Path:
+    """Write a tiny model of `preset` (None: the family `name` says, `make_tiny.preset_for_name`) under hub id
+    `name` in `<hf_home>/hub`; return its snapshot directory.
 
     The snapshot is built in a temporary directory next to it and renamed into place, so overwriting an
     existing entry never leaves a half-written one. Raises ValueError for a name not of the form `org/name`.
     """
     org, repo = validate_hub_name(name)
+    preset = preset or preset_for_name(name)
     repo_dir = Path(hf_home) / "hub" / f"models--{org}--{repo}"
     commit = fake_commit(name)
     snapshot = repo_dir / "snapshots" / commit

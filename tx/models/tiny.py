@@ -8,14 +8,13 @@ docs/tiny-models.md#the-presets: head_dim 32 or more (vLLM's CPU attention needs
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
-from tx.models.tokenizer import ADDED_TOKENS, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, build_tokenizer
+from tx.models.tiny_files import special_ids, write_model, write_tokenizer
 
 if TYPE_CHECKING:
     from transformers import Qwen3Config
@@ -100,13 +99,7 @@ PRESETS: Mapping[str, TinyPreset] = MappingProxyType(
 "vocab-h64" / "vocab-h256" with Qwen3's vocabulary (~20M / ~78M, nearly all embedding and unembedding)."""
 
 
-def token_ids(directory: Path) -> dict[str, int]:
-    """Ids of the special and added tokens, read back from the tokenizer.json just written."""
-    data = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
-    return {entry["content"]: entry["id"] for entry in data["added_tokens"]}
-
-
-def _qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
+def qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
     """The model config for `preset`, with Qwen3's special-token conventions (bos = eos-of-text id)."""
     from transformers import Qwen3Config
 
@@ -121,9 +114,9 @@ def _qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
         max_position_embeddings=preset.max_position_embeddings,
         initializer_range=preset.initializer_range,
         tie_word_embeddings=False,
-        bos_token_id=ids[PAD_TOKEN],
-        eos_token_id=ids[EOS_TOKEN],
-        pad_token_id=ids[PAD_TOKEN],
+        bos_token_id=special_ids(ids)["bos_token_id"],
+        eos_token_id=special_ids(ids)["eos_token_id"],
+        pad_token_id=special_ids(ids)["pad_token_id"],
         dtype="float32",
         architectures=["Qwen3ForCausalLM"],
     )
@@ -136,32 +129,7 @@ def write_tiny_text_model(directory: Path, preset: str = "tiny", seed: int = 0) 
     (preset, seed) gives the same weights. The global torch RNG is left untouched. Returns `directory`.
     """
     if preset not in PRESETS:
-        raise ValueError(f"unknown tiny-model preset {preset!r}; choose one of {[*sorted(PRESETS), 'vlm']}")
-    import torch
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig, Qwen3ForCausalLM
-
-    shape = PRESETS[preset]
+        raise ValueError(f"unknown tiny-model preset {preset!r}; the Qwen3 presets are {sorted(PRESETS)}")
     directory = Path(directory)
-    build_tokenizer(directory)
-    ids = token_ids(directory)
-    num_tokens = max(ids.values()) + 1
-    if num_tokens > shape.vocab_size:
-        raise ValueError(f"preset {preset!r} has vocab_size {shape.vocab_size} < tokenizer size {num_tokens}")
-    assert set(ids) == set(SPECIAL_TOKENS) | set(ADDED_TOKENS), "tokenizer added tokens changed"
-    config = _qwen3_config(shape, ids)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config).to(torch.float32)  # pyright: ignore[reportArgumentType]  (transformers hides .to's self)
-    generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
-    )
-    config.save_pretrained(str(directory))
-    generation_config.save_pretrained(str(directory))
-    tensors = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
-    weights = directory / "model.safetensors"
-    save_file(tensors, str(weights), metadata={"format": "pt"})
-    weights.chmod(0o644)  # safetensors creates it owner-only; a shared HF cache needs it readable
-    num_parameters = model.num_parameters()
-    logger.info("wrote tiny %r model (seed %d, %d parameters) to %s", preset, seed, num_parameters, directory)
-    return directory
+    ids = write_tokenizer(directory)
+    return write_model(directory, qwen3_config(PRESETS[preset], ids), ids, seed, name=preset)

@@ -26,7 +26,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hf_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("hf_home")
-    write_to_hf_cache("Org/Tiny-Model", home)
+    write_to_hf_cache("Org/Tiny-Model", home, preset="tiny")
     return home
 
 
@@ -147,7 +147,7 @@ def test_bench_preset_size() -> None:
 @pytest.mark.parametrize("name", ["no-slash", "a/b/c", "Org/bad--name", "Org/", "/Name", "Org/na me"])
 def test_bad_hub_names_are_rejected(name: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="name"):
-        write_to_hf_cache(name, tmp_path)
+        write_to_hf_cache(name, tmp_path, preset="tiny")
     assert not (tmp_path / "hub").exists() or not any((tmp_path / "hub").iterdir())
 
 
@@ -157,11 +157,11 @@ def test_hub_layout_and_overwrite(hf_home: Path) -> None:
     assert len(commit) == 40 and int(commit, 16) >= 0
     snapshot = repo_dir / "snapshots" / commit
     before = (snapshot / "model.safetensors").read_bytes()
-    assert write_to_hf_cache("Org/Tiny-Model", hf_home, seed=1) == snapshot
+    assert write_to_hf_cache("Org/Tiny-Model", hf_home, preset="tiny", seed=1) == snapshot
     assert (repo_dir / "refs" / "main").read_text() == commit
     assert (snapshot / "model.safetensors").read_bytes() != before
     assert sorted(p.name for p in (repo_dir / "snapshots").iterdir()) == [commit]
-    write_to_hf_cache("Org/Tiny-Model", hf_home, seed=0)
+    write_to_hf_cache("Org/Tiny-Model", hf_home, preset="tiny", seed=0)
     assert (snapshot / "model.safetensors").read_bytes() == before
 
 

@@ -1,0 +1,77 @@
+"""`tx models make-tiny`: a tiny model of the family the name says (or of the preset given), never a silent
+Qwen3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tx.models import all_presets, preset_for_name, write_tiny_model
+
+# name -> (preset, architecture): the cookbook's default model names first (tinker-cookbook 0.6.1)
+NAMES = {
+    "Qwen/Qwen3.5-4B": ("qwen3_5_vl", "Qwen3_5ForConditionalGeneration"),
+    "Qwen/Qwen3.5-9B-Base": ("qwen3_5_vl", "Qwen3_5ForConditionalGeneration"),
+    "Qwen/Qwen3.6-27B": ("qwen3_5_vl", "Qwen3_5ForConditionalGeneration"),
+    "Qwen/Qwen3.5-397B-A17B": ("qwen3_5_moe_vl", "Qwen3_5MoeForConditionalGeneration"),
+    "Qwen/Qwen3.6-35B-A3B:peft:262144": ("qwen3_5_moe_vl", "Qwen3_5MoeForConditionalGeneration"),
+    "Qwen/Qwen3-8B": ("tiny", "Qwen3ForCausalLM"),
+    "Qwen/Qwen3-30B-A3B-Instruct-2507": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen/Qwen3-VL-8B-Instruct": ("vlm", "Qwen3VLForConditionalGeneration"),
+    "deepseek-ai/DeepSeek-V3.1": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    "moonshotai/Kimi-K2.6": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    "openai/gpt-oss-20b": ("gpt_oss", "GptOssForCausalLM"),
+    "google/gemma-3-1b-it": ("gemma3", "Gemma3ForCausalLM"),
+    "meta-llama/Llama-3.1-8B-Instruct": ("llama", "LlamaForCausalLM"),
+}
+ARCHITECTURES = {preset: arch for preset, arch in NAMES.values()} | {
+    "qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_the_name_picks_the_family(name: str) -> None:
+    assert preset_for_name(name) == NAMES[name][0]
+
+
+@pytest.mark.parametrize(
+    "name", ["Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.1", "Qwen/Qwen3-VL-30B-A3B-Instruct"]
+)
+def test_an_unknown_family_is_an_error_naming_the_presets(name: str) -> None:
+    with pytest.raises(ValueError, match=r"no tiny model family is known .*--preset .*qwen3_5_moe"):
+        preset_for_name(name)
+
+
+def test_make_tiny_refuses_an_unknown_name_without_a_preset(tmp_path: Path) -> None:
+    name = "mistralai/Mistral-7B-v0.1"
+    cmd = [sys.executable, "-m", "tx.cli", "models", "make-tiny", name, "--out", str(tmp_path)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--preset" in result.stderr
+    assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("preset", sorted(ARCHITECTURES))
+def test_each_family_preset_builds_and_runs(preset: str, tmp_path: Path) -> None:
+    import torch
+
+    from tx.models.auto import load_pretrained
+
+    directory = write_tiny_model(tmp_path, preset=preset, seed=0)
+    config = json.loads((directory / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURES[preset]]
+    text = config.get("text_config", config)
+    assert text["vocab_size"] == 2048 and text["hidden_size"] == 64
+    assert text.get("head_dim", 32) >= 32  # vLLM's CPU attention needs it (docs/tiny-models.md)
+    model = load_pretrained(directory)
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000  # tiny: CI stays fast
+    with torch.no_grad():
+        logits = model(input_ids=torch.arange(40)[None], use_cache=False).logits
+    assert logits.shape == (1, 40, 2048) and torch.isfinite(logits).all()
+
+
+def test_presets_list_every_family() -> None:
+    assert set(ARCHITECTURES) <= set(all_presets())

@@ -1,0 +1,137 @@
+"""Tiny random text models of the families people fine-tune, each built with transformers' own config class.
+
+Every family keeps the shape of the Qwen3 "tiny" preset where it has one (hidden 64, 4 query heads over 2
+key/value heads of size 32, vocabulary 2048, `initializer_range=0.1`: `docs/tiny-models.md`) and two decoder
+layers, and adds what makes the family itself:
+
+- qwen3_5 / qwen3_5_moe: one gated-delta-net (linear attention) layer, then one full-attention layer; the
+  MoE variant has 4 routed experts (top 2) and a shared expert.
+- qwen3_moe: 4 routed experts (top 2), fused into 3-D parameters.
+- deepseek_v3: multi-head latent attention (low-rank q and kv projections), a dense first layer, then 4 routed
+  experts in 2 groups plus a shared expert.
+- gpt_oss: attention sinks, a sliding window of 16 on every other layer, 4 experts with biases.
+- gemma3: a sliding window of 16, then a full-attention layer; GELU MLPs and four norms per layer.
+- llama: Llama 3 (the same shape as Qwen3 without q/k norms).
+
+Windows of 16 tokens are shorter than the sequences tests send, so the window is exercised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from tx.models.tiny import PRESETS
+from tx.models.tiny_files import special_ids
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+WINDOW = 16
+"""Sliding-window width of the families that have one."""
+
+
+def _common(ids: dict[str, int]) -> dict[str, Any]:
+    """The fields every tiny text family shares (the "tiny" Qwen3 preset's shape)."""
+    shape = PRESETS["tiny"]
+    return {
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "max_position_embeddings": shape.max_position_embeddings,
+        "initializer_range": shape.initializer_range,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+        **special_ids(ids),
+    }
+
+
+def linear_attention_fields() -> dict[str, Any]:
+    """Qwen3.5's gated delta net at the tiny shape: 2 key heads, 4 value heads, head size 32, conv of 4."""
+    return {
+        "head_dim": PRESETS["tiny"].head_dim,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "layer_types": ["linear_attention", "full_attention"],
+    }
+
+
+def qwen3_5_text(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(**_common(ids), **linear_attention_fields(), intermediate_size=128,
+                             architectures=["Qwen3_5ForCausalLM"])
+
+
+def moe_fields() -> dict[str, Any]:
+    """Qwen3.5-MoE's experts at the tiny shape: 4 routed experts of width 64 (top 2), a shared one."""
+    return {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "num_experts": 4,
+            "num_experts_per_tok": 2}
+
+
+def qwen3_5_moe_text(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import Qwen3_5MoeTextConfig
+
+    return Qwen3_5MoeTextConfig(**_common(ids), **linear_attention_fields(), **moe_fields(),
+                                architectures=["Qwen3_5MoeForCausalLM"])
+
+
+def qwen3_moe(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(**_common(ids), intermediate_size=128, moe_intermediate_size=64, num_experts=4,
+                            num_experts_per_tok=2, norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"])
+    config.head_dim = 32  # not an argument of its config class, but read by the model (hidden 64 / 4 heads is 16)
+    return config
+
+
+def deepseek_v3(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        **{**_common(ids), "num_key_value_heads": 4}, intermediate_size=128, moe_intermediate_size=64,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32,
+        v_head_dim=32, architectures=["DeepseekV3ForCausalLM"],
+    )
+
+
+def gpt_oss(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import GptOssConfig
+
+    return GptOssConfig(**_common(ids), head_dim=32, intermediate_size=64, num_local_experts=4,
+                        num_experts_per_tok=2, sliding_window=WINDOW,
+                        layer_types=["sliding_attention", "full_attention"],
+                        architectures=["GptOssForCausalLM"])
+
+
+def gemma3(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(**_common(ids), head_dim=32, intermediate_size=128, query_pre_attn_scalar=32,
+                            sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"],
+                            architectures=["Gemma3ForCausalLM"])
+
+
+def llama(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**_common(ids), head_dim=32, intermediate_size=128, architectures=["LlamaForCausalLM"])
+
+
+TEXT_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = MappingProxyType({
+    "qwen3_5": qwen3_5_text,
+    "qwen3_5_moe": qwen3_5_moe_text,
+    "qwen3_moe": qwen3_moe,
+    "deepseek_v3": deepseek_v3,
+    "gpt_oss": gpt_oss,
+    "gemma3": gemma3,
+    "llama": llama,
+})
+"""Text family presets: name -> the tiny config, given the tokenizer's special-token ids."""
