@@ -19,6 +19,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def family_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random model of each family in `families.FAMILIES` (seed 0), by preset name."""
+    from families import FAMILIES
+
+    from tx.models import write_tiny_model
+
+    root = tmp_path_factory.mktemp("families")
+    return {preset: write_tiny_model(root / preset, preset=preset, seed=0) for preset in FAMILIES}
+
+
+@pytest.fixture(scope="session")
 def reference_model(tiny_model_dir: Path):
     """The same weights as a plain transformers model in this process: what engines' logprobs are checked
     against."""

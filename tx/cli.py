@@ -11,7 +11,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from tx.config.names import EngineKindName
+from tx.config.names import AttnImplementation, EngineKindName
 
 logger = logging.getLogger("tx")
 SHUTDOWN_GRACE_S = 1  # seconds
@@ -88,6 +88,8 @@ def _trainer_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per trainer micro-batch (default 8192 on CPU, from free memory on CUDA)")
     p.add_argument("--train-dtype", choices=("float32", "bfloat16", "float16"),
                    help="dtype of the base weights (default bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--attn-implementation", choices=get_args(AttnImplementation),
+                   help="attention of the trainer and embedded engines (default: the best the family supports)")
     p.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
                    help="recompute decoder activations in backward (default: on with CUDA)")
     p.add_argument("--trainer-shard-base", choices=("auto", "always", "never"),

@@ -109,13 +109,15 @@ def run_naive(model_dir: Path, batch: int, length: int, steps: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     from tx.backends.torch.lora import peft_config_for
+    from tx.models.lora_targets import read_structure
     from tx.types import LoraConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
     model = model.to(device)
-    model = peft.get_peft_model(model.eval(), peft_config_for(LoraConfig(rank=32, seed=0)))
+    config = peft_config_for(LoraConfig(rank=32, seed=0), read_structure(model))
+    model = peft.get_peft_model(model.eval(), config)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     rows = torch.tensor(_tokens(batch, length), device=device)
 

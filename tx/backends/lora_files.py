@@ -15,6 +15,7 @@ from typing import Protocol
 from tx.backends.base import TrainingBackend
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import peft_config_for
+from tx.models.lora_targets import structure_of
 from tx.types import LoraConfig, UserError
 
 
@@ -46,7 +47,11 @@ class LoraFilesBackend(TrainingBackend):
     def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
         return checkpoint.read_state_config(directory)
 
+    _paths: dict[str, Path]
+    """Each served base model's directory (the subclass sets it)."""
+
     def save_sampler_weights(self, model_id: str, directory: Path) -> None:
         run = self._run(model_id)
         weights = dict(self.iter_trainable_weights(model_id))
-        checkpoint.write_sampler_weights(directory, run.base_model, peft_config_for(run.lora), weights)
+        config = peft_config_for(run.lora, structure_of(self._paths[run.base_model]))
+        checkpoint.write_sampler_weights(directory, run.base_model, config, weights)

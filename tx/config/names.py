@@ -7,6 +7,9 @@ from typing import Literal
 EngineKindName = Literal["embedded", "vllm"]  # each kind's record: tx/inference/engines/kinds.py
 Dtype = Literal["float32", "bfloat16", "float16"]  # base weights' dtype; LoRA, AdamW, logprobs stay float32
 ShardBase = Literal["auto", "always", "never"]  # trainer workers: shard the frozen base with FSDP2?
+# attention implementations a user may force; by default each model gets the best its family supports on the
+# device (tx/models/attention.py)
+AttnImplementation = Literal["eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3"]
 
 
 def default_train_dtype(device: str) -> Dtype:

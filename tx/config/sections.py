@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
-from tx.config.names import Dtype, EngineKindName, ShardBase, default_train_dtype
+from tx.config.names import AttnImplementation, Dtype, EngineKindName, ShardBase, default_train_dtype
 
 
 class Section(BaseModel):
@@ -101,6 +101,10 @@ class TrainerSection(Section):
         default=None,
         description="Recompute decoder activations in backward (less memory, ~1/3 more compute). "
         "Default: on with CUDA, off on CPU.",
+    )
+    attn_implementation: AttnImplementation | None = Field(
+        default=None, description="Attention implementation of the trainer and the embedded engines. Default: "
+        "the best the model's family supports on the device (FlashAttention 2, SDPA, flex attention or eager).",
     )
     max_sequence_tokens: int | None = Field(
         default=None, ge=1, validation_alias="train_max_sequence_tokens",

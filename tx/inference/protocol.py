@@ -213,11 +213,13 @@ class WakeUpRequest(_Wire):
 
 
 class LoraSpec(_Wire):
-    """The PEFT LoRA config of an adapter (the parts that shape its tensors and scale)."""
+    """The PEFT LoRA config of an adapter (the parts that shape its tensors and scale, and where they go)."""
 
     r: int = Field(ge=1)
     lora_alpha: float = Field(gt=0)
     target_modules: list[str] = Field(min_length=1)
+    target_parameters: list[str] = Field(default_factory=list, description="fused expert tensors (PEFT's)")
+    exclude_modules: list[str] = Field(default_factory=list, description="modules a target suffix must skip")
 
 
 class WeightsUpdateRequest(_Wire):

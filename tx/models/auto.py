@@ -17,13 +17,26 @@ def is_vision_language(model_dir: Path) -> bool:
     return "vision_config" in json.loads((Path(model_dir) / "config.json").read_text())
 
 
-def load_pretrained(model_dir: Path, **kwargs: Any) -> PreTrainedModel:
-    """`from_pretrained` with AutoModelForImageTextToText for a vision-language model (Qwen2-VL, Qwen2.5-VL,
-    Qwen3-VL: their generation class), AutoModelForCausalLM otherwise."""
+def _auto_class(model_dir: Path) -> type[Any]:
+    """AutoModelForImageTextToText for a vision-language model (Qwen2-VL ... Qwen3.5: their generation
+    class), AutoModelForCausalLM otherwise."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    auto = AutoModelForImageTextToText if is_vision_language(model_dir) else AutoModelForCausalLM
-    return auto.from_pretrained(str(model_dir), **kwargs)
+    return AutoModelForImageTextToText if is_vision_language(model_dir) else AutoModelForCausalLM
+
+
+def load_pretrained(model_dir: Path, **kwargs: Any) -> PreTrainedModel:
+    """`from_pretrained` with the model's generation class (`_auto_class`)."""
+    return _auto_class(model_dir).from_pretrained(str(model_dir), **kwargs)
+
+
+def model_class(model_dir: Path) -> type[PreTrainedModel]:
+    """The class `load_pretrained` would build for `model_dir`, from its config alone (no weights)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    mapping = _auto_class(model_dir)._model_mapping
+    return mapping[type(config)]
 
 
 def load_frozen(model_dir: Path, device: torch.device, dtype: torch.dtype, attn_implementation: str, *,

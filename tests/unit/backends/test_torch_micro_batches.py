@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from tx.backends.losses import get_loss
 from tx.backends.torch.lora import peft_config_for
+from tx.models.lora_targets import read_structure
 from tx.backends.torch.ops import TORCH_OPS
 from tx.types import Datum, ForwardBackwardInput, LoraConfig
 
@@ -56,7 +57,7 @@ def _data(loss_name: str, widths=(1,) * len(LENGTHS), seed: int = 0) -> list[Dat
 def _naive(model_dir, lora: LoraConfig, weights, data: list[Datum], loss_name: str, forward_only: bool):
     """(per-datum logprobs, loss, grads by PEFT file name) from one padded pass with full logits."""
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
-    model = get_peft_model(base.eval(), peft_config_for(lora))
+    model = get_peft_model(base.eval(), peft_config_for(lora, read_structure(base)))
     set_peft_model_state_dict(model, weights)
     lengths = [len(d.model_input.text_tokens()) for d in data]
     width = max(d.loss_fn_inputs["target_tokens"].reshape(n, -1).shape[1] for d, n in zip(data, lengths))

@@ -43,3 +43,15 @@ def test_pad_rows_is_one_datum_per_row():
     layout = pad_rows([2, 5])
     assert layout.segments == [Segment(0, 0, 0, 2), Segment(1, 1, 0, 5)]
     assert layout.tails() == [(0, 2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "budget", "groups"),
+    [
+        ([3, 9, 2, 8], 18, [[1, 3], [0, 2]]),  # longest first: 9 + 8 padded to 2 x 9 fits, a third would not
+        ([4, 4, 4, 4], 12, [[0, 1, 2], [3]]),
+        ([2, 10, 2], 5, [[1], [0, 2]]),  # the long one alone
+    ],
+)
+def test_padded_micro_batches_budget_their_padded_size(lengths, budget, groups):
+    assert plan_micro_batches(lengths, budget, padded=True) == groups

@@ -10,6 +10,7 @@ from peft import get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from tx.backends.torch.lora import peft_config_for
+from tx.models.lora_targets import read_structure
 from tx.types import AdamParams, LoraConfig
 
 LORA = LoraConfig(rank=8, seed=0)
@@ -53,7 +54,7 @@ def test_padding_does_not_change_a_datums_logprobs(backend):
 def _reference_grads(model_dir, backend, model_id, data, weights):
     """-(d/dθ) Σ w·logp on a plain PEFT model holding the run's weights, by hand with autograd."""
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, peft_config_for(LORA))
+    model = get_peft_model(base, peft_config_for(LORA, read_structure(base)))
     set_peft_model_state_dict(model, dict(snapshot(backend, model_id)))
     total = 0.0
     for d, w in zip(data, weights):

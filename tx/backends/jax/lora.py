@@ -14,10 +14,14 @@ import secrets
 import numpy as np
 
 from tx.backends.jax.spec import ModelSpec
-from tx.backends.torch.lora import ATTN_MODULES, LORA_ALPHA, MLP_MODULES
+from tx.backends.torch.lora import LORA_ALPHA
 from tx.types import LoraConfig
 
 PEFT_PREFIX = "base_model.model."
+ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+"""What a dense Qwen3 / Llama layer's attention and MLP hold: the modules this backend adapts (the torch
+backend reads the same from the model's structure, `tx/models/lora_targets.py`, so the files agree)."""
 
 
 def module_shapes(spec: ModelSpec, lora: LoraConfig) -> dict[str, tuple[int, int]]:

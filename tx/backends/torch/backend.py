@@ -24,7 +24,7 @@ from tx.backends.datums import DatumRules, check_custom_inputs
 from tx.backends.lora_files import check_compatible
 from tx.backends.losses import batch_loss
 from tx.backends.torch import checkpoint
-from tx.backends.torch.batch import build_micro_batch, prepare_data
+from tx.backends.torch.batch import PreparedDatum, build_micro_batch, prepare_data
 from tx.backends.torch.custom_loss import (
     CompiledLoss,
     compile_loss,
@@ -42,6 +42,7 @@ from tx.backends.torch.memory import (
 )
 from tx.backends.torch.model import load_causal_lm, read_model_info
 from tx.backends.torch.optim import adam_step, new_optimizer
+from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.plan import plan_micro_batches
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
@@ -116,11 +117,18 @@ class TorchBackend(TrainingBackend):
         if base_model not in self._hosts:
             dtype = self._torch_dtype()
             checkpointing = bool(self.settings.gradient_checkpointing)
-            model = load_causal_lm(self._paths[base_model], self.device, dtype, checkpointing)
-            self._hosts[base_model] = AdapterHost(model)
+            path = self._paths[base_model]
+            model = load_causal_lm(path, self.device, dtype, checkpointing, self.settings.attn_implementation)
+            packing = choose_packing(model, vision_processor(path) is not None, base_model)
+            self._hosts[base_model] = AdapterHost(model, packing)
             self._budgets[base_model] = self._budget(model, dtype, checkpointing)
             logger.info("%s: micro-batches of up to %d tokens", base_model, self._budgets[base_model])
         return self._hosts[base_model]
+
+    def _plan(self, base_model: str, items: list[PreparedDatum]) -> list[list[int]]:
+        """The micro-batches of `items` (indices), for the base model's rows (packed or padded)."""
+        padded = self._hosts[base_model].packing == "padded"
+        return plan_micro_batches([item.num_tokens for item in items], self._budgets[base_model], padded)
 
     def _torch_dtype(self) -> torch.dtype:
         """The base weights' dtype (the settings are resolved for the device)."""
@@ -176,16 +184,19 @@ class TorchBackend(TrainingBackend):
         if batch.custom_loss is not None:
             check_custom_inputs(batch.custom_loss, batch.data)
         host, budget = self._hosts[run.base_model], self._budgets[run.base_model]
-        groups = plan_micro_batches([item.num_tokens for item in items], budget)
+        packed = host.packing != "padded"
+        groups = self._plan(run.base_model, items)
         saved = None if batch.forward_only else _grads(run)
         try:
-            outputs, loss, sums = [], 0.0, {}
+            outputs: list[dict[str, Any]] = [{} for _ in items]
+            loss, sums = 0.0, {}
             for group in groups:
-                micro = build_micro_batch([items[i] for i in group], self.device, vision)
+                micro = build_micro_batch([items[i] for i in group], self.device, vision, packed=packed)
                 step = None if custom is None else _custom_step(custom, [batch.data[i] for i in group], self.device,
                                                                  limits)
                 result = run_micro_batch(host, run.adapter, micro, loss_fn, config, batch.forward_only, step)
-                outputs += [{"logprobs": lp} for lp in result.logprobs]
+                for index, logprobs in zip(group, result.logprobs, strict=True):
+                    outputs[index]["logprobs"] = logprobs
                 loss += result.loss
                 sums = {key: sums.get(key, 0.0) + value for key, value in result.metrics.items()}
                 del micro, result

@@ -2,8 +2,9 @@
 
 `prepare_data` checks every datum (images, tokens, loss inputs) before anything runs, so a bad datum fails
 the request with a UserError that names it. The rules are `tx/backends/datums.py`'s, which the server also
-applies when the request arrives; here they see the datum as the model does, images expanded. `build_micro_batch` then lays some of those datums into rows
-(`plan.py`): packed end to end for text models, one per padded row for vision-language models.
+applies when the request arrives; here they see the datum as the model does, images expanded.
+`build_micro_batch` then lays some of those datums into rows (`plan.py`): packed end to end where the base
+model keeps packed datums apart (`packing.py` checks it when it loads), else one per padded row.
 
 The head works on flat positions, in datum order: datum 0's N_0 positions, then datum 1's, ... (N in all);
 `index` says where each sits in the (rows x width) model input, `targets` is (N, K), K = the widest target (1
@@ -109,15 +110,18 @@ def prepare_data(
 
 
 def build_micro_batch(
-    items: list[PreparedDatum], device: torch.device, vision: VisionProcessor | None = None
+    items: list[PreparedDatum], device: torch.device, vision: VisionProcessor | None = None, *,
+    packed: bool,
 ) -> MicroBatch:
-    """The model inputs of `items`: packed rows for a text model, padded rows for a vision-language one.
+    """The model inputs of `items`: `packed` rows (with position ids restarting at every datum) when the
+    base model keeps packed datums apart (`packing.py` checks it), else one datum per right-padded row.
 
-    Vision-language models fall back to padding: their M-RoPE position ids are 3-D (text, then temporal,
+    Vision-language models always get padded rows: their M-RoPE position ids are 3-D (text, then temporal,
     height, width) and computed by the model from a row's image grids (`get_rope_index`), so restarting
     them per datum would mean computing them ourselves for each datum; padded rows keep the model's own."""
+    if packed and vision is not None:
+        raise ValueError("a vision-language model's datums go in padded rows")
     lengths = [item.num_tokens for item in items]
-    packed = vision is None
     layout = pack_rows(lengths) if packed else pad_rows(lengths)
     input_ids, position_ids = _row_tensors(items, layout)
     index = np.concatenate(
@@ -141,6 +145,15 @@ def build_micro_batch(
         target_shapes=[item.arrays[TARGET_KEY].shape for item in items],
         vision=_vision_inputs(items, layout, vision, device),
     )
+
+
+def text_items(token_lists: list[list[int]]) -> list[PreparedDatum]:
+    """Datums of text alone with next-token targets (their last target is the first token): what a check of
+    the model's own outputs needs (`packing.py`)."""
+    return [
+        PreparedDatum(ExpandedInput(tokens), {TARGET_KEY: np.roll(np.asarray(tokens, np.int64), -1)})
+        for tokens in token_lists
+    ]
 
 
 def _row_tensors(items: list[PreparedDatum], layout: RowLayout) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ import torch
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import peft_config_for
 from tx.backends.torch.model import load_causal_lm
+from tx.models.lora_targets import exact_targets, structure_of
 from tx.types import UserError
 
 logger = logging.getLogger(__name__)
@@ -39,9 +40,10 @@ def merge_into_base(directory: Path, base_dir: Path, out: Path) -> Path:
     if out.exists():
         raise UserError(f"{out} already exists; choose a new output directory")
     with tempfile.TemporaryDirectory() as scratch:
-        adapter = _as_peft_adapter(directory, Path(scratch))
+        adapter = _as_peft_adapter(directory, base_dir, Path(scratch))
         model = load_causal_lm(base_dir, torch.device("cpu"))
-        merged = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+        with exact_targets():
+            merged = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
         tmp = out.with_name(f".tmp-{out.name}")
         shutil.rmtree(tmp, ignore_errors=True)
         merged.save_pretrained(str(tmp), safe_serialization=True)
@@ -51,12 +53,12 @@ def merge_into_base(directory: Path, base_dir: Path, out: Path) -> Path:
     return out
 
 
-def _as_peft_adapter(directory: Path, scratch: Path) -> Path:
+def _as_peft_adapter(directory: Path, base_dir: Path, scratch: Path) -> Path:
     if (directory / ADAPTER_CONFIG).is_file():
         return directory
     base_model, lora = checkpoint.read_state_config(directory)
     weights = checkpoint.read_weights(directory, torch.device("cpu"))
-    checkpoint.write_sampler_weights(scratch, base_model, peft_config_for(lora), weights)
+    checkpoint.write_sampler_weights(scratch, base_model, peft_config_for(lora, structure_of(base_dir)), weights)
     return scratch
 
 

@@ -19,29 +19,18 @@ import torch
 from peft import get_peft_model, get_peft_model_state_dict
 from transformers import PreTrainedModel
 
+from tx.backends.torch.packing import PackingMode, boundary_masks
+from tx.models.lora_targets import ModelStructure, exact_targets, peft_config, read_structure
 from tx.types import LoraConfig
 
 LORA_ALPHA = 32
-ATTN_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-UNEMBED_MODULES = ("lm_head",)
 
 
-def peft_config_for(lora: LoraConfig) -> peft.LoraConfig:
-    """The PEFT config of a run: rank, alpha 32, no dropout, the chosen module groups."""
-    targets = [
-        *(ATTN_MODULES if lora.train_attn else ()),
-        *(MLP_MODULES if lora.train_mlp else ()),
-        *(UNEMBED_MODULES if lora.train_unembed else ()),
-    ]
-    return peft.LoraConfig(
-        r=lora.rank,
-        lora_alpha=LORA_ALPHA,
-        lora_dropout=0.0,
-        bias="none",
-        target_modules=targets,
-        task_type="CAUSAL_LM",
-    )
+def peft_config_for(lora: LoraConfig, structure: ModelStructure) -> peft.LoraConfig:
+    """The PEFT config of a run on a model of `structure`: rank, alpha 32, no dropout, the modules (and fused
+    experts) of the chosen groups (`tx/models/lora_targets.py`)."""
+    targets = structure.targets(attn=lora.train_attn, mlp=lora.train_mlp, unembed=lora.train_unembed)
+    return peft_config(targets, lora.rank, LORA_ALPHA)
 
 
 @contextmanager
@@ -56,10 +45,22 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
 class AdapterHost:
     """One base model and the LoRA adapters of every run on it."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, packing: PackingMode = "padded") -> None:
+        """`packing`: how micro-batches lay datums into rows for this model (`packing.choose_packing`)."""
         self.model = model
+        self.packing: PackingMode = packing
         self._peft: peft.PeftModel | None = None
         self._active: str | None = None
+        self._structure: ModelStructure | None = None  # read before the first adapter wraps any module
+
+    @property
+    def structure(self) -> ModelStructure:
+        """Where LoRA can go on the base model; UserError (at create_model) when it cannot be read."""
+        if self._structure is None:
+            if self._peft is not None:
+                raise RuntimeError("the structure is read before any adapter is added")
+            self._structure = read_structure(self.model)
+        return self._structure
 
     @property
     def peft_model(self) -> peft.PeftModel:
@@ -69,8 +70,8 @@ class AdapterHost:
 
     def add(self, name: str, lora: LoraConfig) -> dict[str, torch.nn.Parameter]:
         """Add adapter `name`, initialised from `lora.seed`; its parameters by PEFT file name."""
-        config = peft_config_for(lora)
-        with _seeded(lora.seed, self.model.device):
+        config = peft_config_for(lora, self.structure)
+        with _seeded(lora.seed, self.model.device), exact_targets():
             if self._peft is None:
                 self._peft = get_peft_model(self.model, config, adapter_name=name)
             else:
@@ -122,14 +123,18 @@ class AdapterHost:
 
         The model's own forward runs, with its unembedding swapped for an identity for the call, so hooks on
         the root module (FSDP2's all-gathers in trainer workers) run as for a normal pass. `vision` holds a
-        vision-language model's image inputs (pixel_values, image_grid_thw, mm_token_type_ids)."""
+        vision-language model's image inputs (pixel_values, image_grid_thw, mm_token_type_ids). Packed rows
+        of a "packed_masks" model get the masks of their datum boundaries (`packing.boundary_masks`)."""
+        masks: torch.Tensor | dict[str, torch.Tensor | None] | None = attention_mask
+        if self.packing == "packed_masks" and position_ids is not None:
+            masks = boundary_masks(self.model, input_ids, position_ids)
         unembedding = self.model.get_output_embeddings()
         self.model.set_output_embeddings(torch.nn.Identity())
         try:
             out = self.model(
                 input_ids=input_ids,
                 position_ids=position_ids,
-                attention_mask=attention_mask,
+                attention_mask=masks,
                 use_cache=False,
                 **(vision or {}),
             )

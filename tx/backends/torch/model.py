@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PreTrainedModel
 
+from tx.config.names import AttnImplementation
+from tx.models.attention import choose_attention
 from tx.models.auto import load_frozen
-from tx.types import BaseModelInfo
+from tx.types import BaseModelInfo, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -36,33 +38,27 @@ def read_model_info(name: str, path: Path) -> BaseModelInfo:
 
 
 def load_causal_lm(
-    path: Path, device: torch.device, dtype: torch.dtype = torch.float32, checkpointing: bool = False
+    path: Path, device: torch.device, dtype: torch.dtype = torch.float32, checkpointing: bool = False,
+    attention: AttnImplementation | None = None, runs_on: torch.device | None = None,
 ) -> PreTrainedModel:
     """Load the causal LM (or vision-language model) in `path` with base weights in `dtype`, frozen and in
-    eval mode; SDPA attention, or FlashAttention 2 on CUDA where `flash_attn` is installed (both keep a
-    packed row's datums apart, see `batch.py`).
+    eval mode, with `attention` or else the best attention its family supports on `runs_on` (default:
+    `device`; `tx/models/attention.py`).
 
     Eval mode keeps every pass deterministic (no dropout), so a forward-only pass returns exactly the
     logprobs a training pass on the same weights would. `checkpointing` recomputes each decoder layer's
     activations in backward instead of keeping them.
     """
-    attention = attention_implementation(device, dtype)
+    half = dtype in (torch.bfloat16, torch.float16)
+    attention = choose_attention(path, (runs_on or device).type, half, attention)
     logger.info("loading base model %s on %s (%s, %s attention)", path, device, dtype, attention)
-    model = load_frozen(path, device, dtype, attention)
+    try:
+        model = load_frozen(path, device, dtype, attention)
+    except (ValueError, ImportError) as exc:  # an attention implementation the family or machine lacks
+        raise UserError(f"cannot load {path} with {attention} attention: {exc}") from exc
     if checkpointing:
         enable_checkpointing(model)
     return model
-
-
-def attention_implementation(device: torch.device, dtype: torch.dtype) -> str:
-    """"flash_attention_2" (varlen kernels for packed rows) on CUDA in 16-bit when flash_attn is
-    installed, else "sdpa" (packed rows get a block-diagonal causal mask)."""
-    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
-        import importlib.util
-
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return "sdpa"
 
 
 def enable_checkpointing(model: PreTrainedModel) -> None:

@@ -4,7 +4,9 @@ Pure decisions on sequence lengths, no torch, tested row by row.
 
 - Micro-batches: datums in request order, each micro-batch as many datums as fit in `budget` tokens.
   A datum longer than the budget runs alone (it is never split: a loss may look at a whole datum).
-  Gradients accumulate across micro-batches, so the result does not depend on the cut.
+  Gradients accumulate across micro-batches, so the result does not depend on the cut. For padded rows
+  (a model whose layers cannot keep packed datums apart, `packing.py`), a micro-batch costs its rows times
+  its longest datum, and datums go longest first, so that rows of one micro-batch have similar lengths.
 - Rows (packing): a micro-batch's datums are laid end to end into rows as wide as its longest datum,
   first fit by decreasing length. A row's unused tail becomes a padding segment of its own (position ids
   restarting at 0), so attention never crosses a datum boundary and no attention mask is needed.
@@ -16,20 +18,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 
-def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Datum indices per micro-batch, in request order; each holds at most `budget` tokens unless a
-    single datum alone is longer."""
+def plan_micro_batches(lengths: Sequence[int], budget: int, padded: bool = False) -> list[list[int]]:
+    """Datum indices per micro-batch; each holds at most `budget` tokens unless a single datum alone is
+    longer. Packed (the default): in request order. `padded`: longest datums first, each micro-batch's cost
+    its number of datums times its longest (what its padded rows hold)."""
     if budget < 1:
         raise ValueError(f"micro-batch budget must be >= 1 token, got {budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)) if padded else range(len(lengths))
     groups: list[list[int]] = []
-    used = budget + 1  # forces a new group for the first datum
-    for index, length in enumerate(lengths):
-        if used + length > budget:
+    for index in order:
+        if not groups or _cost([*groups[-1], index], lengths, padded) > budget:
             groups.append([])
-            used = 0
         groups[-1].append(index)
-        used += length
     return groups
+
+
+def _cost(group: list[int], lengths: Sequence[int], padded: bool) -> int:
+    """Positions the micro-batch `group` runs: its tokens packed, its rows times its longest padded."""
+    if padded:
+        return len(group) * max(lengths[i] for i in group)
+    return sum(lengths[i] for i in group)
 
 
 @dataclass(frozen=True)

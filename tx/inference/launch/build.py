@@ -48,4 +48,6 @@ def engine_options(engines: EngineSection, trainer: TrainerSection) -> dict[str,
     if engines.kind == "vllm":
         options.update(gpu_memory_utilization=engines.memory_share,
                        extra_args=["--tensor-parallel-size", str(engines.tensor_parallel_size)])
+    elif trainer.attn_implementation is not None:  # the embedded engine runs the trainer's attention
+        options["attn_implementation"] = trainer.attn_implementation
     return options

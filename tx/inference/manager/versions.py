@@ -71,7 +71,11 @@ def _cpu_copy(tensor: Any) -> torch.Tensor:
 def lora_spec(directory: Path) -> LoraSpec:
     """The LoRA shape written next to the weights (adapter_config.json)."""
     config = json.loads((directory / "adapter_config.json").read_text())
-    return LoraSpec(r=config["r"], lora_alpha=config["lora_alpha"], target_modules=sorted(config["target_modules"]))
+    return LoraSpec(
+        r=config["r"], lora_alpha=config["lora_alpha"], target_modules=sorted(config["target_modules"]),
+        target_parameters=sorted(config.get("target_parameters") or []),
+        exclude_modules=sorted(config.get("exclude_modules") or []),
+    )
 
 
 def read_adapter(directory: Path) -> NamedTensors:

@@ -30,7 +30,7 @@ from tx.backends.torch.batch import prepare_data
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.optim import new_optimizer
-from tx.backends.torch.plan import plan_micro_batches
+from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.multimodal import vision_processor
 from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig
@@ -45,8 +45,11 @@ class ShardedTorchBackend(RankTorchBackend):
                 self._torch_dtype(),
                 bool(self.settings.gradient_checkpointing),
             )
-            model = load_causal_lm(self._paths[base_model], torch.device("cpu"), dtype, checkpointing)
-            self._hosts[base_model] = AdapterHost(model)
+            path = self._paths[base_model]
+            model = load_causal_lm(path, torch.device("cpu"), dtype, checkpointing,
+                                   self.settings.attn_implementation, runs_on=self.device)
+            packing = choose_packing(model, vision_processor(path) is not None, base_model)
+            self._hosts[base_model] = AdapterHost(model, packing)
         return self._hosts[base_model]
 
     def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
@@ -90,7 +93,7 @@ class ShardedTorchBackend(RankTorchBackend):
         items = prepare_data(
             batch.data, loss, info, vision, self._image_limits, self.settings.max_sequence_tokens
         )
-        return len(plan_micro_batches([item.num_tokens for item in items], self._budgets[run.base_model]))
+        return len(self._plan(run.base_model, items))
 
     def idle_pass(self, model_id: str, *, backward: bool) -> None:
         """A pass on one token that adds nothing: it keeps this rank in step with ranks that have data."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from tx.config.names import Dtype
+from tx.config.names import AttnImplementation, Dtype
 from tx.inference.engines.config import (
     CONFIG_ENV,
     CONFIG_FILE_ENV,
@@ -32,6 +32,9 @@ class EmbeddedEngineConfig(EngineProcessConfig):
     device: str = Field(default="auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")
     dtype: Dtype = Field(
         default="float32", description="base weights' (tx serve: the trainer's); LoRA and logprobs: float32"
+    )
+    attn_implementation: AttnImplementation | None = Field(
+        default=None, description="forced attention; default: the best the family supports (as the trainer)"
     )
 
 

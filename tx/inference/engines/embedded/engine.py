@@ -52,7 +52,7 @@ class EmbeddedEngine:
             torch.set_num_threads(config.num_threads)
         self.config = config
         self.weights = Weights(config.model_dir, config.max_adapters, config.stash_dir, config.device,
-                               config.dtype)
+                               config.dtype, config.attn_implementation)
         self.scheduler = Scheduler(self.weights, config.max_batch_size, config.batch_wait_s)
         self.receiver = WeightReceiver(self.weights)
         self.vision = vision_processor(config.model_dir)  # None for a text-only model

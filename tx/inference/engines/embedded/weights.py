@@ -1,8 +1,9 @@
 """The engine's weights: the base model, its LoRA adapters, sleep and wake.
 
 Design / who owns what:
-- `Weights` owns the one model (a transformers causal LM, base weights in the engine's dtype, sdpa, on
-  `device`: the cpu or one GPU) and, once an adapter arrives, the PEFT `PeftModel` wrapped around it:
+- `Weights` owns the one model (a transformers causal LM, base weights in the engine's dtype, the trainer's
+  choice of attention, on `device`: the cpu or one GPU) and, once an adapter arrives, the PEFT `PeftModel`
+  wrapped around it:
   several LoRA adapters (float32 on any base) live on one base model and `activate` picks the one a batch
   uses (or disables them all for the base).
 - Every use or change of the model happens under `lock` (an RLock): the scheduler holds it for one forward,
@@ -28,9 +29,12 @@ from typing import TYPE_CHECKING, TypeGuard, cast
 
 import torch
 
+from tx.config.names import AttnImplementation
 from tx.devices import resolve_device
 from tx.inference.protocol import LoraSpec, WakeTag
+from tx.models.attention import choose_attention
 from tx.models.auto import load_frozen
+from tx.models.lora_targets import LoraTargets, exact_targets, peft_config
 from tx.types import ConflictError, NotFoundError, UserError
 
 if TYPE_CHECKING:
@@ -108,12 +112,14 @@ class Weights:
 
     def __init__(
         self, model_dir: Path, max_adapters: int, stash_dir: Path | None = None, device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = "float32", attention: AttnImplementation | None = None,
     ) -> None:
         """`dtype`: the base weights' ("bfloat16", ...), as the trainer's; LoRA adapters are float32 on any
-        base (PEFT's adapter autocast, as in the trainer); logits are cast to float32 before log_softmax."""
+        base (PEFT's adapter autocast, as in the trainer); logits are cast to float32 before log_softmax.
+        `attention`: forced; None chooses as the trainer does (`tx/models/attention.py`)."""
         self.model_dir = Path(model_dir)
         self.dtype: torch.dtype = getattr(torch, dtype)
+        self.attention: AttnImplementation | None = attention
         self.max_adapters = max_adapters
         self.stash_dir = stash_dir
         self.device = resolve_device(device)
@@ -187,7 +193,8 @@ class Weights:
             if self.lora_specs.get(name) != spec:
                 model = self._create_adapter(name, spec)
             state = {_peft_name(key): value for key, value in tensors.items()}
-            result = set_peft_model_state_dict(model, state, adapter_name=self._peft_names[name])
+            with exact_targets():
+                result = set_peft_model_state_dict(model, state, adapter_name=self._peft_names[name])
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
             if unexpected:
                 raise UserError(f"unexpected LoRA tensors for adapter {name!r}: {unexpected[:5]}")
@@ -213,24 +220,22 @@ class Weights:
 
     def _create_adapter(self, name: str, spec: LoraSpec) -> PeftModel:
         """Adapter `name` added (PEFT's wrapper made around the base at the first); the wrapped model."""
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         if name in self.adapters:
             self._delete(name)
         if len(self.adapters) >= self.max_adapters:
             raise ConflictError(f"{len(self.adapters)} adapters loaded, max_adapters is {self.max_adapters}")
-        config = LoraConfig(
-            r=spec.r,
-            lora_alpha=spec.lora_alpha,  # pyright: ignore[reportArgumentType]  (PEFT annotates int; it only scales by alpha / r, so a float works)
-            target_modules=spec.target_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-        )
+        targets = LoraTargets(tuple(spec.target_modules), tuple(spec.target_parameters), tuple(spec.exclude_modules))
+        config = peft_config(targets, spec.r, spec.lora_alpha)
         peft_name = f"adapter_{self._num_created}"
         self._num_created += 1
         model = self._awake_model()
-        if _is_peft(model):
-            model.add_adapter(peft_name, config)
-        else:
-            model = get_peft_model(model, config, adapter_name=peft_name)
+        with exact_targets():
+            if _is_peft(model):
+                model.add_adapter(peft_name, config)
+            else:
+                model = get_peft_model(model, config, adapter_name=peft_name)
         model.requires_grad_(False)
         self.model = model
         self.adapters[name] = None
@@ -334,8 +339,13 @@ class Weights:
         self._active = _UNSET
 
     def _load(self) -> PreTrainedModel:
-        """The base model: frozen, the engine's attention, in private memory on cpu."""
-        return load_frozen(self.model_dir, self.device, self.dtype, _gqa_sdpa(), private_copy=True)
+        """The base model: frozen, the trainer's choice of attention (SDPA as `_gqa_sdpa`), in private memory
+        on cpu."""
+        half = self.dtype in (torch.bfloat16, torch.float16)
+        attention = choose_attention(self.model_dir, self.device.type, half, self.attention)
+        logger.info("attention: %s", attention)
+        implementation = _gqa_sdpa() if attention == "sdpa" else attention
+        return load_frozen(self.model_dir, self.device, self.dtype, implementation, private_copy=True)
 
     def _reload(self) -> None:
         self.model = self._load()

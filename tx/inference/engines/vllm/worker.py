@@ -245,6 +245,8 @@ def _adapter_config(lora: dict, base_model: str) -> dict:
         "r": lora["r"],
         "lora_alpha": lora["lora_alpha"],
         "target_modules": list(lora["target_modules"]),
+        "target_parameters": list(lora.get("target_parameters") or []) or None,
+        "exclude_modules": list(lora.get("exclude_modules") or []) or None,
         "lora_dropout": 0.0,
         "bias": "none",
         "fan_in_fan_out": False,

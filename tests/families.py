@@ -1,0 +1,7 @@
+"""The model families tx supports, as tiny presets (`tx.models.make_tiny`), shared by the family tests."""
+
+from __future__ import annotations
+
+FAMILIES = ("tiny", "llama", "gemma3", "qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_5", "qwen3_5_moe",
+            "qwen3_5_vl", "qwen3_5_moe_vl")
+"""Every supported family's tiny preset ("tiny" is Qwen3)."""
