@@ -206,10 +206,14 @@ class DecodeBatch:
         return out.logits[:, -1].to("cpu")
 
     def select_rows(self, indices: Sequence[int]) -> None:
-        """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row)."""
+        """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row).
+
+        Every cache layer re-indexes its own state (`reorder_cache`): softmax attention's keys and values,
+        a sliding window's, and a linear-attention layer's convolution and recurrent states alike (its
+        `batch_select_indices` would skip the latter)."""
         assert self.mask is not None and self.positions is not None and self.cache is not None  # after prefill
         index = torch.tensor(indices, dtype=torch.long, device=self.mask.device)
-        self.cache.batch_select_indices(index)
+        self.cache.reorder_cache(index)
         self.mask = self.mask[index]
         self.positions = self.positions[index]
         if self.rope_deltas is not None:
