@@ -7,6 +7,7 @@ layers, and adds what makes the family itself:
 - qwen3_5 / qwen3_5_moe: one gated-delta-net (linear attention) layer, then one full-attention layer; the
   MoE variant has 4 routed experts (top 2) and a shared expert.
 - qwen3_moe: 4 routed experts (top 2), fused into 3-D parameters.
+- Routed experts are 32 wide (half the hidden size), so an expert tensor read the wrong way round shows.
 - deepseek_v3: multi-head latent attention (low-rank q and kv projections), a dense first layer, then 4 routed
   experts in 2 groups plus a shared expert.
 - gpt_oss: attention sinks, a sliding window of 16 on every other layer, 4 experts with biases.
@@ -70,8 +71,8 @@ def qwen3_5_text(ids: dict[str, int]) -> PretrainedConfig:
 
 
 def moe_fields() -> dict[str, Any]:
-    """Qwen3.5-MoE's experts at the tiny shape: 4 routed experts of width 64 (top 2), a shared one."""
-    return {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "num_experts": 4,
+    """Qwen3.5-MoE's experts at the tiny shape: 4 routed experts of width 32 (top 2), a shared one of 64."""
+    return {"moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "num_experts": 4,
             "num_experts_per_tok": 2}
 
 
@@ -85,7 +86,7 @@ def qwen3_5_moe_text(ids: dict[str, int]) -> PretrainedConfig:
 def qwen3_moe(ids: dict[str, int]) -> PretrainedConfig:
     from transformers import Qwen3MoeConfig
 
-    config = Qwen3MoeConfig(**_common(ids), intermediate_size=128, moe_intermediate_size=64, num_experts=4,
+    config = Qwen3MoeConfig(**_common(ids), intermediate_size=128, moe_intermediate_size=32, num_experts=4,
                             num_experts_per_tok=2, norm_topk_prob=True, architectures=["Qwen3MoeForCausalLM"])
     config.head_dim = 32  # not an argument of its config class, but read by the model (hidden 64 / 4 heads is 16)
     return config
@@ -95,7 +96,7 @@ def deepseek_v3(ids: dict[str, int]) -> PretrainedConfig:
     from transformers import DeepseekV3Config
 
     return DeepseekV3Config(
-        **{**_common(ids), "num_key_value_heads": 4}, intermediate_size=128, moe_intermediate_size=64,
+        **{**_common(ids), "num_key_value_heads": 4}, intermediate_size=128, moe_intermediate_size=32,
         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
         first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32,
         v_head_dim=32, architectures=["DeepseekV3ForCausalLM"],
@@ -105,7 +106,7 @@ def deepseek_v3(ids: dict[str, int]) -> PretrainedConfig:
 def gpt_oss(ids: dict[str, int]) -> PretrainedConfig:
     from transformers import GptOssConfig
 
-    return GptOssConfig(**_common(ids), head_dim=32, intermediate_size=64, num_local_experts=4,
+    return GptOssConfig(**_common(ids), head_dim=32, intermediate_size=32, num_local_experts=4,
                         num_experts_per_tok=2, sliding_window=WINDOW,
                         layer_types=["sliding_attention", "full_attention"],
                         architectures=["GptOssForCausalLM"])
