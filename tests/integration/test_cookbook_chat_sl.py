@@ -1,8 +1,10 @@
 """tinker-cookbook's chat_sl recipe, unchanged, against tx, offline (docs/cookbook.md#recipes-tx-runs).
 
 `python -m tinker_cookbook.recipes.chat_sl.train` trains a LoRA on a small conversations .jsonl for a few
-steps on the tiny model filed as `Qwen/Qwen3-8B`. The .jsonl dataset has no test split, so the recipe never
-samples. Checks: exit 0; finite train NLLs that fall; the checkpoints it recorded exist on the server.
+steps on the tiny model filed as `Qwen/Qwen3.5-4B`, with the recipe's qwen3_5 renderer: `make-tiny` gives that
+name a tiny Qwen3.5 (linear-attention layers, a vision tower), as the real checkpoint. The .jsonl dataset has
+no test split, so the recipe never samples. Checks: exit 0; finite train NLLs that fall; the checkpoints it
+recorded exist on the server.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from cookbook import (
-    DEFAULT_MODEL,
     CookbookFixture,
     assert_checkpoints_on_server,
     assert_finite,
@@ -27,6 +28,8 @@ from txserver import TxServer
 
 pytestmark = recipe_test_marks()
 
+MODEL = "Qwen/Qwen3.5-4B"  # tinker-cookbook 0.6.1's default family
+
 N_CONVERSATIONS = 32
 BATCH_SIZE = 8
 MAX_STEPS = 6  # 4 batches per epoch, so the last steps see conversations again
@@ -35,7 +38,7 @@ SAVE_EVERY = 2
 
 @pytest.fixture(scope="module")
 def fixture(tmp_path_factory: pytest.TempPathFactory) -> CookbookFixture:
-    return CookbookFixture.create(tmp_path_factory.mktemp("cookbook"), models=[DEFAULT_MODEL])
+    return CookbookFixture.create(tmp_path_factory.mktemp("cookbook"), models=[MODEL])
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +61,8 @@ def test_chat_sl_trains_and_checkpoints(fixture: CookbookFixture, cookbook_serve
     run = run_recipe(
         "tinker_cookbook.recipes.chat_sl.train",
         {
-            "model_name": DEFAULT_MODEL,
-            "renderer_name": "qwen3",
+            "model_name": MODEL,
+            "renderer_name": "qwen3_5",
             "dataset": data,
             "batch_size": BATCH_SIZE,
             "max_length": 128,
