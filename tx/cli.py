@@ -203,10 +203,14 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if settings.engines.kind == "vllm":
         from tx.inference.engines.vllm import VllmUnavailable, require_vllm
+        from tx.inference.engines.vllm.support import VllmCannotServe, check_servable
+        from tx.models.serve import resolve_served_models
 
         try:
             require_vllm()
-        except VllmUnavailable as exc:
+            for name, model_dir in resolve_served_models(settings).items():
+                check_servable(model_dir, name)
+        except (VllmUnavailable, VllmCannotServe) as exc:
             print(f"tx serve: {exc}", file=sys.stderr)
             return 2
     app = create_app(settings)

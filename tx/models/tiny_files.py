@@ -51,6 +51,7 @@ def write_model(
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
+    from transformers.core_model_loading import revert_weight_conversion
 
     auto = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
     vocab_size = int(config.get_text_config().vocab_size)
@@ -63,7 +64,10 @@ def write_model(
     GenerationConfig(**special_ids(ids)).save_pretrained(str(directory))
     for file_name, content in (extra_files or {}).items():
         (directory / file_name).write_text(json.dumps(content, indent=2) + "\n")
-    tensors = {key: tensor.detach().contiguous() for key, tensor in model.state_dict().items()}
+    # in the hub's own layout, as `save_pretrained` writes it (routed experts one tensor per expert and
+    # projection): what real checkpoints look like to every reader, vLLM's included
+    tensors = {key: tensor.detach().contiguous()
+               for key, tensor in revert_weight_conversion(model, model.state_dict()).items()}
     weights = directory / "model.safetensors"
     save_file(tensors, str(weights), metadata={"format": "pt"})
     weights.chmod(0o644)  # safetensors creates it owner-only; a shared HF cache needs it readable

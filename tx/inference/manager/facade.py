@@ -156,7 +156,10 @@ class EngineManager:
             self.versions.follow(sampler_id, run_id)
         elif sampler_id is not None:
             self.versions.pin(sampler_id, directory, label)
-        self._call(self.publish(base_model, version, start=start))
+        try:
+            self._call(self.publish(base_model, version, start=start))
+        except EngineRequestError as exc:  # an engine refused the adapter (one vLLM cannot serve): say why
+            raise engine_error(exc) from exc
 
     def revoke(self, directory: Path, reason: str) -> None:
         """The checkpoint at `directory` was deleted: its weight versions go, and their clients fail with `reason`."""

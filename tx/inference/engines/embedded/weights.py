@@ -31,8 +31,8 @@ import torch
 
 from tx.config.names import AttnImplementation
 from tx.devices import resolve_device
+from tx.inference.engines.embedded.attention import engine_attention
 from tx.inference.protocol import LoraSpec, WakeTag
-from tx.models.attention import choose_attention
 from tx.models.auto import load_frozen
 from tx.models.lora_targets import LoraTargets, exact_targets, peft_config
 from tx.types import ConflictError, NotFoundError, UserError
@@ -47,34 +47,6 @@ logger = logging.getLogger(__name__)
 
 _UNSET = object()
 ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
-
-
-_GQA_SDPA = "tx_gqa_sdpa"
-
-
-def _gqa_sdpa() -> str:
-    """transformers' sdpa attention, except that grouped-query attention with a mask passes `enable_gqa`
-    to SDPA instead of copying every KV head `num_key_value_groups` times (transformers only does that
-    without a mask; on cpu the copy is most of a decode step's attention time). The same math: SDPA with
-    `enable_gqa` gives bit-identical outputs here. Anything else goes to transformers' own function."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import sdpa_mask
-
-    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kw):
-        groups = getattr(module, "num_key_value_groups", 1)
-        plain = not kw.get("output_attentions") and kw.get("position_bias") is None and kw.get("cache") is None
-        if groups == 1 or attention_mask is None or query.device.type != "cpu" or not plain:
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, is_causal=is_causal, **kw)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
-        )
-        return out.transpose(1, 2).contiguous(), None
-
-    AttentionInterface.register(_GQA_SDPA, forward)
-    AttentionMaskInterface.register(_GQA_SDPA, sdpa_mask)
-    return _GQA_SDPA
 
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
@@ -339,13 +311,11 @@ class Weights:
         self._active = _UNSET
 
     def _load(self) -> PreTrainedModel:
-        """The base model: frozen, the trainer's choice of attention (SDPA as `_gqa_sdpa`), in private memory
+        """The base model: frozen, the trainer's choice of attention (`attention.engine_attention`), in private memory
         on cpu."""
-        half = self.dtype in (torch.bfloat16, torch.float16)
-        attention = choose_attention(self.model_dir, self.device.type, half, self.attention)
+        attention = engine_attention(self.model_dir, self.device, self.dtype, self.attention)
         logger.info("attention: %s", attention)
-        implementation = _gqa_sdpa() if attention == "sdpa" else attention
-        return load_frozen(self.model_dir, self.device, self.dtype, implementation, private_copy=True)
+        return load_frozen(self.model_dir, self.device, self.dtype, attention, private_copy=True)
 
     def _reload(self) -> None:
         self.model = self._load()

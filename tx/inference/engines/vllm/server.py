@@ -42,6 +42,7 @@ from tx.inference.engines.vllm.images import (
     content_parts,
     decode_images,
 )
+from tx.inference.engines.vllm.support import adapter_refused
 from tx.inference.engines.vllm.translate import (
     completion_bodies,
     generate_response,
@@ -259,8 +260,10 @@ class VllmEngine:
             try:
                 await self.child.call("POST", "/v1/load_lora_adapter", json_body={
                     "lora_name": name, "lora_path": str(path), "load_inplace": inplace})
-            except BaseException:
+            except BaseException as exc:
                 shutil.rmtree(path, ignore_errors=True)
+                if isinstance(exc, VllmError) and exc.status < 500:  # vLLM refused the adapter itself
+                    raise adapter_refused(exc) from exc
                 raise
             self._retire(name)
             self.adapters[name] = None

@@ -1,0 +1,133 @@
+"""Trainer memory and speed at real layouts of the new families, Qwen's vocabulary (151,936): an MoE and Qwen3.5.
+
+Two layouts, both hidden 256 with vocabulary 151,936 (the embedding and head dominate, as in the real models):
+- moe: Qwen3-MoE, 2 layers, 16 routed experts of width 256 (top 4), fused into 3-D tensors;
+- qwen3_5: Qwen3.5, 4 layers (3 gated-delta-net linear-attention layers, then a full-attention one), MLP 768.
+
+A request of 24 datums of random lengths 64-1,024 (13,000 tokens; cross_entropy), LoRA rank 32. For each
+layout it runs tx's forward_backward with the micro-batch's datums packed into rows, and one per padded row
+(what the packing self-check chooses decides in production; here both are forced), and for the MoE with and
+without expert LoRA (PEFT `target_parameters` on the fused experts, against LoRA on attention and the head
+only). It reports the peak RSS of the timed step above the process's RSS after the model, the adapter and one
+optimizer step (`torch.cuda.max_memory_allocated` on a GPU), and tokens/s. Every measurement runs in its own
+subprocess. Qwen3.5's packed rows are NOT a correct computation in transformers 5.19's torch path (its linear
+attention runs across datum boundaries, which is why the self-check refuses them); its figure says what packing
+would buy with kernels that honour the boundaries.
+
+Usage: python scripts/bench/train_families.py [--steps 1] [--datums 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VOCAB = 151_936
+CASES = [  # (layout, packing, expert LoRA)
+    ("moe", "packed", True), ("moe", "padded", True), ("moe", "packed", False), ("moe", "padded", False),
+    ("qwen3_5", "packed", True), ("qwen3_5", "padded", True),
+]
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def _config(layout: str):
+    from transformers import Qwen3_5TextConfig, Qwen3MoeConfig
+
+    common = dict(vocab_size=VOCAB, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=4096, tie_word_embeddings=False, dtype="float32")
+    if layout == "moe":
+        config = Qwen3MoeConfig(**common, num_hidden_layers=2, intermediate_size=768, moe_intermediate_size=256,
+                                num_experts=16, num_experts_per_tok=4, architectures=["Qwen3MoeForCausalLM"])
+        config.head_dim = 64
+        return config
+    return Qwen3_5TextConfig(**common, num_hidden_layers=4, intermediate_size=768, linear_conv_kernel_dim=4,
+                             linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
+                             linear_num_value_heads=4, architectures=["Qwen3_5ForCausalLM"],
+                             layer_types=["linear_attention"] * 3 + ["full_attention"])
+
+
+def model_dir(layout: str) -> Path:
+    from tx.models.tiny_files import write_model, write_tokenizer
+
+    path = Path(tempfile.gettempdir()) / f"tx-bench-{layout}-v{VOCAB}"
+    if not (path / "model.safetensors").exists():
+        ids = write_tokenizer(path)
+        write_model(path, _config(layout), ids, seed=0, name=layout)
+    return path
+
+
+def run(layout: str, packing: str, experts: bool, num_datums: int, steps: int) -> dict:
+    import numpy as np
+    import torch
+
+    from tx.backends.torch.backend import TorchBackend
+    from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+
+    backend = TorchBackend({"m": model_dir(layout)}, device="auto")
+    backend.create_model("run", "m", LoraConfig(rank=32, seed=0, train_mlp=experts or layout != "moe"))
+    chosen = backend._hosts["m"].packing
+    backend._hosts["m"].packing = packing  # forced: the bench compares both layouts of rows
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(64, 1025, size=num_datums)
+    rows = [rng.integers(0, 2000, size=n + 1) for n in lengths]
+    data = [Datum(ModelInput.from_tokens(r[:-1].tolist()), {"target_tokens": r[1:]}) for r in rows]
+    batch = ForwardBackwardInput(data, "cross_entropy")
+    backend.forward_backward("run", ForwardBackwardInput(data[:1], "cross_entropy"))
+    backend.optim_step("run", AdamParams(learning_rate=1e-4))
+    cuda = backend.device.type == "cuda"
+    base = torch.cuda.memory_allocated() if cuda else _rss_kib("VmRSS") * 1024
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    start = time.perf_counter()
+    for _ in range(steps):
+        backend.forward_backward("run", batch)
+    elapsed = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() if cuda else _rss_kib("VmHWM") * 1024
+    lora = sum(p.numel() for _, p in backend.iter_trainable_weights("run"))
+    return {"layout": layout, "rows": packing, "expert_lora": experts, "self_check_chose": chosen,
+            "tokens": int(lengths.sum()), "lora_parameters": lora, "base_mib": round(base / 2**20),
+            "peak_above_base_mib": round((peak - base) / 2**20),
+            "tokens_per_s": round(int(lengths.sum()) * steps / elapsed, 1),
+            "seconds_per_step": round(elapsed / steps, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--datums", type=int, default=24)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        layout, packing, experts = args.child.split(",")
+        print(json.dumps(run(layout, packing, experts == "1", args.datums, args.steps)))
+        return
+    results = []
+    for layout, packing, experts in CASES:
+        model_dir(layout)
+        command = [sys.executable, __file__, "--child", f"{layout},{packing},{int(experts)}",
+                   "--steps", str(args.steps), "--datums", str(args.datums)]
+        done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=False)
+        lines = done.stdout.strip().splitlines()
+        row = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+            "layout": layout, "rows": packing, "expert_lora": experts, "failed": done.stderr.strip()[-300:]}
+        results.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    print(json.dumps({"vocab": VOCAB, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

