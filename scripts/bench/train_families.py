@@ -4,7 +4,8 @@ Two layouts, both hidden 256 with vocabulary 151,936 (the embedding and head dom
 - moe: Qwen3-MoE, 2 layers, 16 routed experts of width 256 (top 4), fused into 3-D tensors;
 - qwen3_5: Qwen3.5, 4 layers (3 gated-delta-net linear-attention layers, then a full-attention one), MLP 768.
 
-A request of 24 datums of random lengths 64-1,024 (13,000 tokens; cross_entropy), LoRA rank 32. For each
+A request of `--datums` datums of random lengths `--min-len` to `--max-len` (default 12 of 32-512: 3,300
+tokens; cross_entropy), LoRA rank 32. For each
 layout it runs tx's forward_backward with the micro-batch's datums packed into rows, and one per padded row
 (what the packing self-check chooses decides in production; here both are forced), and for the MoE with and
 without expert LoRA (PEFT `target_parameters` on the fused experts, against LoRA on attention and the head
@@ -14,7 +15,7 @@ subprocess. Qwen3.5's packed rows are NOT a correct computation in transformers 
 attention runs across datum boundaries, which is why the self-check refuses them); its figure says what packing
 would buy with kernels that honour the boundaries.
 
-Usage: python scripts/bench/train_families.py [--steps 1] [--datums 24]
+Usage: python scripts/bench/train_families.py [--steps 1] [--datums 12] [--min-len 32] [--max-len 512]
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def model_dir(layout: str) -> Path:
     return path
 
 
-def run(layout: str, packing: str, experts: bool, num_datums: int, steps: int) -> dict:
+def run(layout: str, packing: str, experts: bool, num_datums: int, lengths_range: tuple[int, int],
+        steps: int) -> dict:
     import numpy as np
     import torch
 
@@ -80,7 +82,7 @@ def run(layout: str, packing: str, experts: bool, num_datums: int, steps: int) -
     chosen = backend._hosts["m"].packing
     backend._hosts["m"].packing = packing  # forced: the bench compares both layouts of rows
     rng = np.random.default_rng(0)
-    lengths = rng.integers(64, 1025, size=num_datums)
+    lengths = rng.integers(lengths_range[0], lengths_range[1] + 1, size=num_datums)
     rows = [rng.integers(0, 2000, size=n + 1) for n in lengths]
     data = [Datum(ModelInput.from_tokens(r[:-1].tolist()), {"target_tokens": r[1:]}) for r in rows]
     batch = ForwardBackwardInput(data, "cross_entropy")
@@ -108,18 +110,22 @@ def run(layout: str, packing: str, experts: bool, num_datums: int, steps: int) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--datums", type=int, default=24)
+    parser.add_argument("--datums", type=int, default=12)
+    parser.add_argument("--min-len", type=int, default=32)
+    parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         layout, packing, experts = args.child.split(",")
-        print(json.dumps(run(layout, packing, experts == "1", args.datums, args.steps)))
+        lengths = (args.min_len, args.max_len)
+        print(json.dumps(run(layout, packing, experts == "1", args.datums, lengths, args.steps)))
         return
     results = []
     for layout, packing, experts in CASES:
         model_dir(layout)
         command = [sys.executable, __file__, "--child", f"{layout},{packing},{int(experts)}",
-                   "--steps", str(args.steps), "--datums", str(args.datums)]
+                   "--steps", str(args.steps), "--datums", str(args.datums), "--min-len", str(args.min_len),
+                   "--max-len", str(args.max_len)]
         done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=False)
         lines = done.stdout.strip().splitlines()
         row = json.loads(lines[-1]) if done.returncode == 0 and lines else {

@@ -42,7 +42,7 @@ from tx.inference.engines.vllm.images import (
     content_parts,
     decode_images,
 )
-from tx.inference.engines.vllm.support import adapter_refused
+from tx.inference.engines.vllm.support import adapter_refused, refuses_adapter
 from tx.inference.engines.vllm.translate import (
     completion_bodies,
     generate_response,
@@ -262,7 +262,7 @@ class VllmEngine:
                     "lora_name": name, "lora_path": str(path), "load_inplace": inplace})
             except BaseException as exc:
                 shutil.rmtree(path, ignore_errors=True)
-                if isinstance(exc, VllmError) and exc.status < 500:  # vLLM refused the adapter itself
+                if isinstance(exc, VllmError) and refuses_adapter(exc):
                     raise adapter_refused(exc) from exc
                 raise
             self._retire(name)

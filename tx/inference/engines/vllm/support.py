@@ -52,6 +52,12 @@ def refusal(found: dict, moe: bool) -> str | None:
     return None
 
 
+def refuses_adapter(exc: Exception) -> bool:
+    """Whether vLLM's error on loading an adapter says the adapter does not fit the model (vLLM 0.32 answers
+    500 with "expected target modules in {...} but received [...]"), rather than that vLLM failed."""
+    return "expected target modules" in str(exc) or getattr(exc, "status", 500) < 500
+
+
 def adapter_refused(exc: Exception) -> UserError:
     """The user's error for an adapter vLLM refused to load (its message says which modules it takes)."""
     return UserError(f"vLLM cannot serve this adapter ({exc}); where vLLM takes no LoRA on a module (Gemma 3's "
