@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tx.config import AttnImplementation
+from tx.config.names import AttnImplementation
 from tx.models.attention import choose_attention
 
 _GQA_SDPA = "tx_gqa_sdpa"
