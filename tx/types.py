@@ -98,7 +98,6 @@ def is_image_format(value: str) -> TypeGuard[ImageFormat]:
     return value in IMAGE_FORMATS
 
 
-
 @dataclass(frozen=True)
 class ImageChunk:
     """Raw image bytes (already base64-decoded) as sent by the client."""

@@ -8,7 +8,6 @@ docs/tiny-models.md#the-presets: head_dim 32 or more (vLLM's CPU attention needs
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -18,8 +17,6 @@ from tx.models.tiny_files import special_ids, write_model, write_tokenizer
 
 if TYPE_CHECKING:
     from transformers import Qwen3Config
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +100,7 @@ def qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
     """The model config for `preset`, with Qwen3's special-token conventions (bos = eos-of-text id)."""
     from transformers import Qwen3Config
 
+    special = special_ids(ids)
     return Qwen3Config(
         vocab_size=preset.vocab_size,
         hidden_size=preset.hidden_size,
@@ -114,9 +112,9 @@ def qwen3_config(preset: TinyPreset, ids: dict[str, int]) -> Qwen3Config:
         max_position_embeddings=preset.max_position_embeddings,
         initializer_range=preset.initializer_range,
         tie_word_embeddings=False,
-        bos_token_id=special_ids(ids)["bos_token_id"],
-        eos_token_id=special_ids(ids)["eos_token_id"],
-        pad_token_id=special_ids(ids)["pad_token_id"],
+        bos_token_id=special["bos_token_id"],
+        eos_token_id=special["eos_token_id"],
+        pad_token_id=special["pad_token_id"],
         dtype="float32",
         architectures=["Qwen3ForCausalLM"],
     )

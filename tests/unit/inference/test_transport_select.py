@@ -223,8 +223,8 @@ def test_trainer_facts_on_cuda_read_the_gpus_uuid(monkeypatch):
 def test_what_the_engines_report_about_themselves_on_cpu(tmp_path):
     from tx.inference.engines.embedded.engine import _placement as embedded_placement
     from tx.inference.engines.vllm.config import VllmEngineConfig
-    from tx.inference.engines.vllm.server import _placement as vllm_placement
-    from tx.inference.engines.vllm.server import _tensor_parallel_size
+    from tx.inference.engines.vllm.placement import placement as vllm_placement
+    from tx.inference.engines.vllm.placement import tensor_parallel_size
 
     expected = {"device": "cpu", "gpu_uuid": None, "hostname": socket.gethostname(),
                 "weight_transports": ["gloo"]}
@@ -232,9 +232,9 @@ def test_what_the_engines_report_about_themselves_on_cpu(tmp_path):
     if not torch.cuda.is_available():
         config = VllmEngineConfig(model_dir=tmp_path, cluster_secret="s" * 16)
         assert vllm_placement(config) == {**expected, "transfer_ranks": 1}
-    assert _tensor_parallel_size([]) == 1
-    assert _tensor_parallel_size(["--max-num-seqs", "4", "--tensor-parallel-size", "2"]) == 2
-    assert _tensor_parallel_size(["--tensor-parallel-size=4"]) == 4
+    assert tensor_parallel_size([]) == 1
+    assert tensor_parallel_size(["--max-num-seqs", "4", "--tensor-parallel-size", "2"]) == 2
+    assert tensor_parallel_size(["--tensor-parallel-size=4"]) == 4
 
 
 def test_the_embedded_engine_reports_a_gpu_it_runs_on(monkeypatch):

@@ -50,12 +50,14 @@ def load_causal_lm(
     activations in backward instead of keeping them.
     """
     half = dtype in (torch.bfloat16, torch.float16)
-    attention = choose_attention(path, (runs_on or device).type, half, attention)
-    logger.info("loading base model %s on %s (%s, %s attention)", path, device, dtype, attention)
+    chosen = choose_attention(path, (runs_on or device).type, half, attention)
+    logger.info("loading base model %s on %s (%s, %s attention)", path, device, dtype, chosen)
     try:
-        model = load_frozen(path, device, dtype, attention)
-    except (ValueError, ImportError) as exc:  # an attention implementation the family or machine lacks
-        raise UserError(f"cannot load {path} with {attention} attention: {exc}") from exc
+        model = load_frozen(path, device, dtype, chosen)
+    except (ValueError, ImportError) as exc:
+        if attention is None:  # tx's own choice failed: not the user's doing
+            raise
+        raise UserError(f"cannot load {path} with the forced {chosen} attention: {exc}") from exc
     if checkpointing:
         enable_checkpointing(model)
     return model

@@ -24,10 +24,7 @@ import torch
 
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import (
-    IpcWeightsUpdateRequest,
-    TransferState,
-    WeightsUpdateRequest,
-    WeightsUpdateResponse,
+    IpcWeightsUpdateRequest, TransferState, WeightsUpdateRequest, WeightsUpdateResponse,
 )
 from tx.inference.weight_sync import BroadcastReceiver, IpcReceiver, TransferInit
 from tx.types import ConflictError, UserError

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import shutil
-import socket
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,7 @@ import httpx
 
 from tx.inference import protocol as p
 from tx.inference.engines.stops import cut_at_resumed_stop
+from tx.inference.engines.vllm.adapters import LoadedAdapters
 from tx.inference.engines.vllm.batch import BatchGate
 from tx.inference.engines.vllm.child import VllmChild, VllmError, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
@@ -42,7 +40,7 @@ from tx.inference.engines.vllm.images import (
     content_parts,
     decode_images,
 )
-from tx.inference.engines.vllm.support import adapter_refused, refuses_adapter
+from tx.inference.engines.vllm.placement import placement
 from tx.inference.engines.vllm.translate import (
     completion_bodies,
     generate_response,
@@ -50,7 +48,7 @@ from tx.inference.engines.vllm.translate import (
     tokens_body,
     wants_prompt_logprobs,
 )
-from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
+from tx.inference.weight_sync import TransferInit
 from tx.models.fingerprint import model_fingerprint
 from tx.types import ConflictError, NotFoundError, UserError
 
@@ -64,14 +62,11 @@ class VllmEngine:
     def __init__(self, config: VllmEngineConfig, child: VllmChild, lora_dir: Path) -> None:
         self.config = config
         self.child = child
-        self.lora_dir = lora_dir
         self.paused = False
         self.sleeping_level = 0
         self.asleep: set[p.WakeTag] = set()
         self.base_version: str | None = None
-        self.adapters: dict[str, str | None] = {}
-        self.adapter_paths: dict[str, Path] = {}
-        self._retired: dict[str, Path] = {}  # an adapter's files before its last in-place update
+        self.loaded = LoadedAdapters(child, lora_dir)
         self.transfer: p.TransferState = "none"
         self.num_running = 0
         self.num_waiting = 0
@@ -84,6 +79,11 @@ class VllmEngine:
         self._placement: dict | None = None  # what /health says about where vLLM runs (read on first use)
         self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
         self._tokenizer: Any = None  # for stop strings across an abort (loaded on first use)
+
+    @property
+    def adapters(self) -> dict[str, str | None]:
+        """The adapters the child holds: name -> version (None until its push finishes)."""
+        return self.loaded.versions
 
     # ---- sampling
 
@@ -180,7 +180,7 @@ class VllmEngine:
             await self.child.call("POST", "/pause", params={"mode": mode})
             if level == 2:
                 for name in list(self.adapters):
-                    await self._unload(name)
+                    await self.loaded.unload(name)
                 self.base_version = None
             if self.child.sleep_mode and not self.asleep:
                 await self.child.call("POST", "/sleep", params={"level": level, "mode": mode})
@@ -253,31 +253,11 @@ class VllmEngine:
                 raise UserError(
                     f"LoRA rank {lora.r} exceeds this engine's max_lora_rank {self.config.max_lora_rank}"
                 )
-            path = self.lora_dir / f"adapter-{uuid.uuid4().hex[:12]}"
+            path = self.loaded.new_path()
             args = (payload, lora.model_dump_json(), str(path), str(self.config.model_dir))
             answer = await self._rpc_update(method, *args)
-            inplace = name in self.adapters  # requests generating with it go on, on the new weights
-            try:
-                await self.child.call("POST", "/v1/load_lora_adapter", json_body={
-                    "lora_name": name, "lora_path": str(path), "load_inplace": inplace})
-            except BaseException as exc:
-                shutil.rmtree(path, ignore_errors=True)
-                if isinstance(exc, VllmError) and refuses_adapter(exc):
-                    raise adapter_refused(exc) from exc
-                raise
-            self._retire(name)
-            self.adapters[name] = None
-            self.adapter_paths[name] = path
+            await self.loaded.load(name, path)
             return p.WeightsUpdateResponse(**answer)
-
-    def _retire(self, name: str) -> None:
-        """An adapter's files replaced by an in-place update stay until the next one (requests that began on
-        them name that path, should vLLM load it again); older ones go."""
-        old, path = self._retired.pop(name, None), self.adapter_paths.get(name)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        if path is not None:
-            self._retired[name] = path
 
     async def _rpc_update(self, method: str, *args: str) -> dict:
         try:
@@ -299,27 +279,15 @@ class VllmEngine:
                 raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
             for name in request.remove_adapters:
                 if name in self.adapters:
-                    await self._unload(name)
+                    await self.loaded.unload(name)
         return self.report()
 
     async def delete_adapter(self, name: str) -> p.HealthResponse:
         async with self._weights:
             if name not in self.adapters:
                 raise NotFoundError(f"adapter {name!r} is not loaded")
-            await self._unload(name)
+            await self.loaded.unload(name)
         return self.report()
-
-    async def _unload(self, name: str) -> None:
-        del self.adapters[name]
-        retired = self._retired.pop(name, None)
-        if retired is not None:
-            shutil.rmtree(retired, ignore_errors=True)
-        path = self.adapter_paths.pop(name, None)
-        try:
-            await self.child.call("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
-        finally:
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
 
     async def _reset_prefix_cache(self) -> None:
         await self.child.call("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
@@ -344,7 +312,7 @@ class VllmEngine:
     def report(self) -> p.HealthResponse:
         """What `/health` says, from what this process last saw."""
         if self._placement is None:
-            self._placement = _placement(self.config)
+            self._placement = placement(self.config)
         return p.HealthResponse(
             status=self._status(),
             paused=self.paused,
@@ -369,34 +337,6 @@ class VllmEngine:
                 self.transfer = (await self.child.rpc("tx_transfer_state", timeout=5))["state"]
             except (VllmError, httpx.HTTPError, KeyError):
                 pass
-
-
-def _placement(config: VllmEngineConfig) -> dict:
-    """Device, GPU UUID, host and weight transports of the vLLM child. Its first worker runs on the first GPU
-    it sees, which is this process's cuda:0 unless `extra_env` sets another CUDA_VISIBLE_DEVICES (then the
-    UUID is unknown). CUDA IPC needs every worker on the trainer's GPU: one worker (no tensor parallelism)."""
-    import torch
-
-    hostname, workers = socket.gethostname(), _tensor_parallel_size(config.extra_args)
-    if not torch.cuda.is_available():  # vLLM's CPU build
-        return {"device": "cpu", "gpu_uuid": None, "hostname": hostname, "weight_transports": ["gloo"],
-                "transfer_ranks": workers}
-    gpu_uuid = None if "CUDA_VISIBLE_DEVICES" in config.extra_env else cuda_device_uuid(0)
-    transports: list[Transport] = ["gloo", "nccl"]
-    if workers == 1:
-        transports.append("ipc")
-    return {"device": "cuda:0", "gpu_uuid": gpu_uuid, "hostname": hostname, "weight_transports": transports,
-            "transfer_ranks": workers}
-
-
-def _tensor_parallel_size(args: list[str]) -> int:
-    size = 1
-    for i, arg in enumerate(args):
-        if arg in ("--tensor-parallel-size", "-tp") and i + 1 < len(args):
-            size = int(args[i + 1])
-        elif arg.startswith("--tensor-parallel-size="):
-            size = int(arg.split("=", 1)[1])
-    return size
 
 
 __all__ = [
