@@ -32,6 +32,8 @@ HUB_NAMES = {  # hub name -> the family its tiny model must be
     "Qwen/Qwen3.6-35B-A3B": "qwen3_5_moe_vl",
 }
 DIRECTORIES = ("qwen3_5", "qwen3_5_moe")
+pytestmark = pytest.mark.slow  # ~7 min on this project's loaded 2-core machine (2.5 min of CPU)
+
 STEPS = 6
 VOCAB = 2000  # regular tokens of the tiny tokenizer
 
