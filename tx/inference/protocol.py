@@ -273,6 +273,8 @@ class EngineStats(_Wire):
     num_generated_tokens: int = 0
     max_requests_per_batch: int = 0
     max_rows_per_step: int = 0
+    num_joins: int = Field(default=0, description="requests that joined a batch already decoding")
+    max_adapters_per_step: int = Field(default=0, description="most adapters (the base counts) in one forward")
 
 
 class StateResponse(_Wire):

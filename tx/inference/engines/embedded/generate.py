@@ -60,9 +60,7 @@ class Row:
         """Record a sampled token and decide whether the row stops here (the stop token is kept)."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
-        if token in self.stop_ids:
-            self.stop_reason = "stop"
-        elif self.request.stop_strings and decode is not None and self._hit_stop_string(decode):
+        if token in self.stop_ids or self.request.stop_strings and decode is not None and self._hit_stop_string(decode):
             self.stop_reason = "stop"
         elif len(self.token_ids) >= self.request.max_tokens:
             self.stop_reason = "length"
@@ -206,7 +204,9 @@ class DecodeBatch:
         return out.logits[:, -1].to("cpu")
 
     def select_rows(self, indices: Sequence[int]) -> None:
-        """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row).
+        """Keep only the rows at `indices`, in that order (drops finished rows; repeats copy a row), then drop the
+        leading columns no row attends to any more (a long row that left), so the cache is as wide as the
+        longest live row.
 
         Every cache layer re-indexes its own state (`reorder_cache`): softmax attention's keys and values,
         a sliding window's, and a linear-attention layer's convolution and recurrent states alike (its
@@ -218,6 +218,57 @@ class DecodeBatch:
         self.positions = self.positions[index]
         if self.rope_deltas is not None:
             self.rope_deltas = self.rope_deltas[index]
+        if indices and self.joinable:
+            self._trim()
+
+    @property
+    def joinable(self) -> bool:
+        """Whether rows may join this batch (`merge`): text rows over a cache of plain growing layers, whose keys
+        and values can be left-padded (a sliding window, a linear-attention state or image rope offsets cannot)."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(self.cache, "layers", None)
+        return self.rope_deltas is None and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+    def merge(self, other: DecodeBatch) -> None:
+        """Append `other`'s rows (prefilled, both batches `joinable`) after this batch's: the narrower one is
+        left-padded (zero keys and values, mask 0), so every row's tokens stay right-aligned."""
+        assert self.mask is not None and other.mask is not None and self.positions is not None
+        assert other.positions is not None and self.cache is not None and other.cache is not None
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+            mine.keys = torch.cat([_pad_left(mine.keys, width, -2), _pad_left(theirs.keys, width, -2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, -2), _pad_left(theirs.values, width, -2)])
+        self.mask = torch.cat([_pad_left(self.mask, width, 1), _pad_left(other.mask, width, 1)])
+        self.positions = torch.cat([self.positions, other.positions])
+
+    def _trim(self) -> None:
+        assert self.mask is not None and self.cache is not None
+        used = self.mask.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        if first == 0:
+            return
+        self.mask = self.mask[:, first:]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+
+    @property
+    def num_rows(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[0]
+
+    @property
+    def width(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """`tensor` with zeros prepended along `dim` up to `width`."""
+    missing = width - tensor.shape[dim]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _device_of(model: torch.nn.Module) -> torch.device:

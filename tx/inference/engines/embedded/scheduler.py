@@ -1,12 +1,18 @@
-"""The scheduler thread: gathers pending generate requests into batches, runs them, and pauses.
+"""The scheduler thread: continuous batching. Requests join the running batch between two decode steps, rows
+leave as they finish, and rows of different adapters share a batch (`batch.py` holds the batch itself).
 
 Design / who owns what:
-- HTTP handlers `submit` a validated request and await its future; the one scheduler thread takes the oldest
-  pending request, adds every other pending request for the same adapter (up to `max_batch_size` rows), and
-  runs them as one padded batch with a KV cache (`generate.DecodeBatch`) until every row stopped.
+- HTTP handlers `submit` a validated request and await its future. The one scheduler thread loops: between two
+  decode steps it admits the pending requests that fit (FIFO, up to `max_batch_size` rows, whatever their
+  adapter when the weights mix adapters, else those of the running rows' adapter), prefills them and appends
+  their rows to the running batch, then runs one decode step for every live row. An idle engine first waits a
+  `batch_wait_s` window while requests keep arriving, so a burst is prefilled together.
+- A batch whose cache cannot take new rows (a sliding window, linear attention, image rope offsets: see
+  `DecodeBatch.joinable`) runs as a static batch: requests wait until it ends.
 - Pausing is a set of reasons (the user's pause, the engine's sleep), each with a mode. While any reason is
-  set no new batch starts; `abort` ends the running batch at its next step (stop reason "abort", partial
-  tokens kept); `wait` lets it finish; `keep` freezes it between two steps until the reason is removed.
+  set nothing is admitted; `abort` ends the running rows at the next step boundary (stop reason "abort",
+  partial tokens kept); `wait` lets them finish; `keep` freezes them between two steps until the reason is
+  removed. A row whose adapter was unloaded meanwhile ends with "abort" too.
 - The model is only touched under `weights.lock`, one forward at a time, so weight updates land between steps.
 """
 
@@ -17,49 +23,19 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
-from tx.inference.engines.embedded.generate import (
-    DecodeBatch,
-    PromptLogprobs,
-    Row,
-    logits_needed,
-    prompt_logprobs,
-    sample_next,
-)
+from tx.inference.engines.embedded.batch import Job, Listener, RunningBatch
 from tx.inference.engines.embedded.vision import PromptVision
 from tx.inference.engines.embedded.weights import Weights
-from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse, PauseMode
+from tx.inference.protocol import EngineStats, GenerateRequest, PauseMode
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Job:
-    """One generate request: its `n` rows and the future its HTTP handler awaits."""
-
-    request: GenerateRequest
-    vision: PromptVision | None = None
-    future: Future = field(default_factory=Future)
-    rows: list[Row] = field(default_factory=list)
-    prompt: PromptLogprobs | None = None
-
-    def resolve_if_done(self) -> None:
-        if self.future.done() or not all(row.done for row in self.rows):
-            return
-        sequences = [row.sequence() for row in self.rows]
-        prompt = self.prompt
-        self.future.set_result(GenerateResponse(
-            sequences=sequences,
-            prompt_logprobs=prompt.values if prompt and self.request.prompt_logprobs else None,
-            topk_prompt_logprobs=prompt.topk if prompt else None,
-        ))
-
-
 class Scheduler:
-    """Batches generate requests on one thread; pause, resume and stats for the HTTP layer."""
+    """Batches generate requests continuously on one thread; pause, resume and stats for the HTTP layer."""
 
     def __init__(self, weights: Weights, max_batch_size: int, batch_wait_s: float) -> None:
         self.weights = weights
@@ -68,10 +44,11 @@ class Scheduler:
         self.stats = EngineStats()
         self._cond = threading.Condition()
         self._pending: deque[Job] = deque()
-        self._running: list[Job] = []
+        self._batch = RunningBatch(weights, self.stats)
+        self._running = 0  # jobs in the batch, for `counts` and `pause` (read under `_cond`)
         self._reasons: dict[str, PauseMode] = {}
         self._abort_epoch = 0
-        self._batch_epoch = 0  # the abort epoch the running batch started in
+        self._seen_epoch = 0  # the abort epoch the running rows were checked against
         self._frozen = False
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="tx-engine-scheduler", daemon=True)
@@ -99,8 +76,10 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def submit(self, request: GenerateRequest, vision: PromptVision | None = None) -> Future:
-        job = Job(request, vision)
+    def submit(self, request: GenerateRequest, vision: PromptVision | None = None,
+               listener: Listener | None = None) -> Future:
+        """Queue `request`; `listener` (if any) hears each token as it is sampled, on the scheduler thread."""
+        job = Job(request, vision, listener)
         with self._cond:
             self._pending.append(job)
             self.stats.num_requests += 1
@@ -108,7 +87,7 @@ class Scheduler:
         return job.future
 
     def pause(self, mode: PauseMode, reason: str = "user") -> None:
-        """Stop starting batches; returns once the running batch ended (abort, wait) or froze (keep)."""
+        """Stop admitting requests; returns once the running rows ended (abort, wait) or froze (keep)."""
         with self._cond:
             self._reasons[reason] = mode
             if mode == "abort":
@@ -129,42 +108,69 @@ class Scheduler:
     def counts(self) -> tuple[int, int]:
         """(running, waiting) requests."""
         with self._cond:
-            return len(self._running), len(self._pending)
+            return self._running, len(self._pending)
 
     # ---- the scheduler thread
 
     @torch.inference_mode()  # tensors made here (KV cache, masks) never leave this thread
     def _loop(self) -> None:
-        while (jobs := self._next_jobs()) is not None:
+        batch = self._batch
+        while self._wait_for_work():
             try:
-                self._run(jobs)
+                if not batch.rows:
+                    self._gather()
+                jobs = self._take_jobs()
+                if jobs:
+                    batch.admit(jobs)
+                if batch.rows:
+                    batch.step()
             except Exception as exc:  # a bug or a broken model: fail these requests, keep serving
                 logger.exception("batch failed")
-                for job in jobs:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-            finally:
-                with self._cond:
-                    self._running = []
-                    self._frozen = False
-                    self._cond.notify_all()
+                batch.fail(exc)
+            self._publish_running()
+        batch.abort()
+        self._publish_running()
 
-    def _next_jobs(self) -> list[Job] | None:
+    def _publish_running(self) -> None:
+        with self._cond:
+            self._running = len(self._batch.jobs)
+            if not self._running:
+                self._frozen = False
+            self._cond.notify_all()
+
+    def _wait_for_work(self) -> bool:
+        """Between two steps: True to go on (rows to step or requests to admit), False once stopped. Aborts the
+        running rows when asked; blocks while idle, or while a `keep` pause holds the rows."""
+        batch = self._batch
         while True:
             with self._cond:
-                while not self._stopped and (not self._pending or self._reasons):
-                    self._cond.wait()
                 if self._stopped:
-                    return None
-            self._gather()
-            with self._cond:
-                if self._pending and not self._reasons and not self._stopped:
-                    self._running = self._take_batch()
-                    self._batch_epoch = self._abort_epoch
-                    return self._running
+                    return False
+                aborted = self._abort_epoch != self._seen_epoch
+                self._seen_epoch = self._abort_epoch
+                if not aborted and batch.rows:
+                    if "keep" not in self._reasons.values():
+                        self._frozen = False
+                        break
+                    if not self._frozen:
+                        self._frozen = True
+                        self._cond.notify_all()
+                    self._cond.wait()
+                    continue
+                if not aborted:
+                    if self._pending and not self._reasons:
+                        return True
+                    self._cond.wait()
+                    continue
+            batch.abort()  # outside the lock: it answers futures
+            self._publish_running()
+        batch.abort(only_adapters_gone=True)
+        if not batch.rows:
+            self._publish_running()
+        return True
 
     def _gather(self, max_windows: int = 8) -> None:
-        """Let concurrent requests join: wait `batch_wait_s` windows until one brings nothing new."""
+        """Let concurrent requests arrive together: wait `batch_wait_s` windows until one brings nothing new."""
         seen = -1
         for _ in range(max_windows):
             with self._cond:
@@ -174,99 +180,24 @@ class Scheduler:
             seen = rows
             time.sleep(self.batch_wait_s)
 
-    def _take_batch(self) -> list[Job]:
-        adapter = self._pending[0].request.adapter
-        jobs, rows, rest = [], 0, deque()
-        while self._pending:
-            job = self._pending.popleft()
-            fits = not jobs or rows + job.request.n <= self.max_batch_size
-            if job.request.adapter == adapter and fits:
-                jobs.append(job)
-                rows += job.request.n
-            else:
-                rest.append(job)
-        self._pending = rest
-        return jobs
-
-    def _run(self, jobs: list[Job]) -> None:
-        adapter = jobs[0].request.adapter
-        weights = self.weights
-        for job in jobs:
-            job.rows = [Row.create(job.request, i, weights.eos_ids) for i in range(job.request.n)]
-        rows = [row for job in jobs for row in job.rows]
-        epoch = self._batch_epoch
-        batch = DecodeBatch(weights.pad_id)
-        with weights.lock:  # one prefill per request; its n samples share the KV cache rows
-            model = weights.activate(adapter)
-            prompts = [job.request.prompt_token_ids for job in jobs]
-            num_kept = max(logits_needed(job.request) for job in jobs)
-            kept = batch.prefill(model, prompts, num_kept, [job.vision for job in jobs])
-        self._score_prompts(jobs, kept)
-        expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
-        if len(expand) != len(jobs):
-            batch.select_rows(expand)
-        self._record_batch(jobs, len(rows))
-        self._decode(jobs, rows, batch, kept[expand, -1], adapter, epoch)
-
-    def _decode(self, jobs, rows: list[Row], batch: DecodeBatch, logits, adapter, epoch: int) -> None:
-        live = list(range(len(rows)))
-        tokens: list[int] = []
-        while True:
-            keep = [j for j, i in enumerate(live) if not rows[i].done]
-            if len(keep) < len(live):
-                for job in jobs:
-                    job.resolve_if_done()
-                if not keep:
-                    return
-                batch.select_rows(keep)
-                live, logits = [live[j] for j in keep], logits[keep]
-            if tokens:  # not the first iteration: feed the tokens of the rows still live
-                if not self._checkpoint(epoch, adapter):
-                    return self._abort(jobs)
-                with self.weights.lock:
-                    model = self.weights.activate(adapter)
-                    logits = batch.step(model, [rows[i].token_ids[-1] for i in live])
-            tokens, logprobs = sample_next(logits, [rows[i] for i in live])
-            for i, token, logprob in zip(live, tokens, logprobs):
-                rows[i].append(token, logprob, self.weights.decode)
-            self._record_step(len(live))
-
-    def _checkpoint(self, epoch: int, adapter: str | None) -> bool:
-        """Between two steps: False to abort; blocks while a `keep` pause holds the batch."""
+    def _take_jobs(self) -> list[Job]:
+        """The pending requests that join now, oldest first, as many rows as fit; none while paused."""
+        batch = self._batch
         with self._cond:
-            while True:
-                if self._abort_epoch != epoch or self._stopped:
-                    return False
-                if "keep" not in self._reasons.values():
-                    self._frozen = False
-                    return adapter is None or self.weights.has_adapter(adapter)
-                if not self._frozen:
-                    self._frozen = True
-                    self._cond.notify_all()
-                self._cond.wait()
-
-    def _abort(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            for row in job.rows:
-                if not row.done:
-                    row.stop_reason = "abort"
-            job.resolve_if_done()
-
-    def _score_prompts(self, jobs: list[Job], kept) -> None:
-        for job, logits in zip(jobs, kept):
-            request = job.request
-            if request.prompt_logprobs or request.topk_prompt_logprobs:
-                job.prompt = prompt_logprobs(
-                    logits, request.prompt_token_ids, request.prompt_logprobs_last_n,
-                    request.topk_prompt_logprobs,
-                )
-
-    def _record_batch(self, jobs: list[Job], num_rows: int) -> None:
-        stats = self.stats
-        stats.num_batches += 1
-        stats.max_requests_per_batch = max(stats.max_requests_per_batch, len(jobs))
-        stats.max_rows_per_step = max(stats.max_rows_per_step, num_rows)
-
-    def _record_step(self, num_rows: int) -> None:
-        self.stats.num_decode_steps += 1
-        self.stats.num_generated_tokens += num_rows
+            if self._reasons or not self._pending:
+                return []
+            free = self.max_batch_size - len(batch.rows)
+            adapter = (batch.rows[0] if batch.rows else self._pending[0]).request.adapter
+            mixable = self.weights.mixable
+            taken: list[Job] = []
+            rest: deque[Job] = deque()
+            for job in self._pending:
+                fits = job.request.n <= free or not (taken or batch.rows)  # one request may exceed the size
+                if fits and (mixable or job.request.adapter == adapter) and batch.accepts(job):
+                    taken.append(job)
+                    free -= job.request.n
+                else:
+                    rest.append(job)
+            self._pending = rest
+            self._running = len(batch.jobs) + len(taken)
+            return taken

@@ -3,27 +3,23 @@
 Design / who owns what:
 - `Weights` owns the one model (a transformers causal LM, base weights in the engine's dtype, the trainer's
   choice of attention, on `device`: the cpu or one GPU) and, once an adapter arrives, the PEFT `PeftModel`
-  wrapped around it:
-  several LoRA adapters (float32 on any base) live on one base model and `activate` picks the one a batch
-  uses (or disables them all for the base).
+  wrapped around it: several LoRA adapters (float32 on any base) live on one base model; `use` sets the model up
+  for a forward whose rows use one adapter (`activate`: that one, or none for the base) or several
+  (`mixing.py`).
 - Every use or change of the model happens under `lock` (an RLock): the scheduler holds it for one forward,
   weight updates for one tensor or one adapter, sleep for the whole offload.
-- Sleep level 1 stashes every parameter (adapters included) to a private safetensors file and frees it from
-  RAM (or GPU memory); level 2 drops the whole model (adapters too) and wake reloads the base from
+- Sleep level 1 stashes every parameter (adapters included) to a private safetensors file (`stash.py`) and
+  frees it from RAM (or GPU memory); level 2 drops the whole model (adapters too) and wake reloads the base from
   `model_dir`. On a GPU, sleep also empties torch's caching allocator, so the memory goes back to the device.
 - Receiving weight updates over a collective lives in `transfer.py`; it calls `load_adapter` and `copy_base`.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import logging
-import os
 import re
-import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeGuard, cast
 
@@ -32,6 +28,8 @@ import torch
 from tx.config.names import AttnImplementation
 from tx.devices import resolve_device
 from tx.inference.engines.embedded.attention import engine_attention
+from tx.inference.engines.embedded.mixing import BASE, AdapterMixer
+from tx.inference.engines.embedded.stash import release_memory, restore_parameters, stash_parameters
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.models.auto import load_frozen
 from tx.models.lora_targets import LoraTargets, exact_targets, peft_config
@@ -56,18 +54,6 @@ def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def release_memory() -> None:
-    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them otherwise), and freed GPU
-    blocks back to the device (torch's caching allocator keeps them otherwise)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
 
 
 def _eos_ids(model: PreTrainedModel) -> tuple[int, ...]:
@@ -118,6 +104,7 @@ class Weights:
         self.sleep_level = 0
         self._stash: Path | None = None
         self._active: object = _UNSET
+        self._mixer = AdapterMixer()
 
     # ---- serving
 
@@ -148,6 +135,24 @@ class Weights:
                 _lora_tuner(model).enable_adapter_layers()
                 model.set_adapter(self._peft_names[adapter])
         self._active = adapter
+        return model
+
+    @property
+    def mixable(self) -> bool:
+        """Whether rows of different adapters may share a forward (`use`)."""
+        return self._mixer.mixable
+
+    def use(self, adapters: Sequence[str | None]) -> ServedModel:
+        """The model for one forward whose row i uses `adapters[i]` (None: the base); call under `lock`. Rows of
+        one adapter run as `activate` sets it; rows of several share the forward (`mixing.py`)."""
+        if len(set(adapters)) == 1:
+            self._mixer.set(None)
+            return self.activate(adapters[0])
+        missing = [a for a in adapters if a is not None and a not in self.adapters]
+        if missing:
+            raise NotFoundError(f"adapter {missing[0]!r} is not loaded")
+        model = self.activate(next(a for a in adapters if a is not None))  # adapter layers on
+        self._mixer.set([self._peft_names[a] if a is not None else BASE for a in adapters])
         return model
 
     # ---- adapters
@@ -209,6 +214,7 @@ class Weights:
             else:
                 model = get_peft_model(model, config, adapter_name=peft_name)
         model.requires_grad_(False)
+        self._mixer.install(model)
         self.model = model
         self.adapters[name] = None
         self.lora_specs[name] = spec
@@ -230,6 +236,7 @@ class Weights:
             self.model.delete_adapter(peft_name)
             if not self.adapters:  # back to the plain model: no LoRA wrappers left in the forward
                 self.model = cast("PreTrainedModel", _lora_tuner(self.model).unload())  # the base it wrapped
+            self._mixer.install(self.model)
         self._active = _UNSET
 
     def set_version(self, version: str, adapter: str | None) -> None:
@@ -279,27 +286,11 @@ class Weights:
                 self.sleep_level = 0
 
     def _stash_weights(self) -> None:
-        from safetensors.torch import save_file
-
-        params = dict(self._awake_model().named_parameters())
-        fd, path = tempfile.mkstemp(prefix="tx-engine-stash-", suffix=".safetensors", dir=self.stash_dir)
-        os.close(fd)  # mkstemp made it 0600: private to this user
-        save_file({name: p.detach().to("cpu").contiguous() for name, p in params.items()}, path)
-        for param in params.values():
-            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
-        self._stash = Path(path)
-        logger.info("sleep level 1: %d tensors stashed to %s", len(params), path)
+        self._stash = stash_parameters(self._awake_model(), self.stash_dir)
 
     def _restore_stash(self) -> None:
-        from safetensors.torch import load_file
-
         assert self._stash is not None and self.model is not None, "a level 1 sleep keeps the model"
-        loaded = load_file(str(self._stash))
-        for name, param in self.model.named_parameters():
-            tensor = loaded.pop(name)
-            # private memory, not pages of the stash file
-            param.data = tensor.clone() if param.device.type == "cpu" else tensor.to(param.device)
-        self._stash.unlink(missing_ok=True)
+        restore_parameters(self.model, self._stash)
         self._stash = None
 
     def _drop_weights(self) -> None:

@@ -1,0 +1,183 @@
+"""The running batch: the rows being decoded together, which requests join between two decode steps and rows
+leave as they finish.
+
+Design / who owns what:
+- `Job` is one generate request: its `n` rows, the future its HTTP handler awaits, and an optional listener
+  that hears every token as it is sampled (the streaming route).
+- `RunningBatch` owns the rows in their KV cache order and the `DecodeBatch` that holds the cache. `admit`
+  prefills new requests on their own (left-padded, one prefill per request, its `n` samples sharing the prompt's
+  cache rows), samples their first tokens, and appends their rows to the running cache (`DecodeBatch.merge`);
+  `step` feeds every live row its last token and samples the next; rows that stopped leave after each of them.
+- Rows of different adapters share a forward when the weights are `mixable` (`Weights.use`, `mixing.py`).
+- Only the scheduler thread calls these; the model is touched under `weights.lock`, one forward at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from tx.inference.engines.embedded.generate import (
+    DecodeBatch,
+    PromptLogprobs,
+    Row,
+    logits_needed,
+    prompt_logprobs,
+    sample_next,
+)
+from tx.inference.engines.embedded.vision import PromptVision
+from tx.inference.engines.embedded.weights import Weights
+from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse
+
+Listener = Callable[[int, int, float], None]  # (sample index, token, raw logprob), on the scheduler thread
+
+
+@dataclass(eq=False)
+class Job:
+    """One generate request: its `n` rows and the future its HTTP handler awaits."""
+
+    request: GenerateRequest
+    vision: PromptVision | None = None
+    listener: Listener | None = None
+    future: Future = field(default_factory=Future)
+    rows: list[Row] = field(default_factory=list)
+    prompt: PromptLogprobs | None = None
+
+    def resolve_if_done(self) -> bool:
+        """Set the future once every row stopped; whether the job is over."""
+        if self.future.done():
+            return True
+        if not all(row.done for row in self.rows):
+            return False
+        prompt = self.prompt
+        self.future.set_result(GenerateResponse(
+            sequences=[row.sequence() for row in self.rows],
+            prompt_logprobs=prompt.values if prompt and self.request.prompt_logprobs else None,
+            topk_prompt_logprobs=prompt.topk if prompt else None,
+        ))
+        return True
+
+
+class RunningBatch:
+    """The rows decoding together (in cache order) and the jobs they belong to."""
+
+    def __init__(self, weights: Weights, stats: EngineStats) -> None:
+        self.weights = weights
+        self.stats = stats
+        self.decode: DecodeBatch | None = None
+        self.rows: list[Row] = []
+        self.owners: list[Job] = []  # the job of each row
+        self.jobs: list[Job] = []  # jobs with rows still running
+
+    @property
+    def adapters(self) -> list[str | None]:
+        return [row.request.adapter for row in self.rows]
+
+    def accepts(self, job: Job) -> bool:
+        """Whether `job`'s rows may join the rows running now: the cache takes new rows and `job` has no images
+        (an idle batch accepts any). Which adapters share a batch is the scheduler's choice."""
+        if not self.rows:
+            return True
+        assert self.decode is not None
+        return job.vision is None and self.decode.joinable
+
+    def admit(self, jobs: list[Job]) -> None:
+        """Prefill `jobs` together, sample their first tokens and append their rows to the running batch."""
+        weights = self.weights
+        new_rows: list[Row] = []
+        for job in jobs:
+            job.rows = [Row.create(job.request, i, weights.eos_ids) for i in range(job.request.n)]
+            new_rows += job.rows
+        batch = DecodeBatch(weights.pad_id)
+        with weights.lock:
+            model = weights.use([job.request.adapter for job in jobs])
+            num_kept = max(logits_needed(job.request) for job in jobs)
+            kept = batch.prefill(model, [job.request.prompt_token_ids for job in jobs], num_kept,
+                                 [job.vision for job in jobs])
+        _score_prompts(jobs, kept)
+        expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
+        if len(expand) != len(jobs):
+            batch.select_rows(expand)
+        owners = [job for job in jobs for _ in job.rows]
+        self._sample(kept[expand, -1], new_rows, owners)
+        if self.decode is None:
+            self.decode = batch
+        else:
+            self.decode.merge(batch)
+            self.stats.num_joins += len(jobs)
+        self.rows += new_rows
+        self.owners += owners
+        self.jobs += jobs
+        self.stats.num_batches += 1
+        self._record_shape()
+        self.drop_finished()
+
+    def step(self) -> None:
+        """One decode step for every live row (each has one sampled token the cache has not seen)."""
+        assert self.decode is not None
+        with self.weights.lock:
+            model = self.weights.use(self.adapters)
+            logits = self.decode.step(model, [row.token_ids[-1] for row in self.rows])
+        self._sample(logits, self.rows, self.owners)
+        self.stats.num_decode_steps += 1
+        self._record_shape()
+        self.drop_finished()
+
+    def _sample(self, logits: torch.Tensor, rows: list[Row], owners: list[Job]) -> None:
+        live = [i for i, row in enumerate(rows) if not row.done]
+        if not live:
+            return
+        tokens, logprobs = sample_next(logits[live], [rows[i] for i in live])
+        for i, token, logprob in zip(live, tokens, logprobs):
+            rows[i].append(token, logprob, self.weights.decode)
+            listener = owners[i].listener
+            if listener is not None:
+                listener(rows[i].sample_index, token, logprob)
+        self.stats.num_generated_tokens += len(live)
+
+    def drop_finished(self) -> None:
+        """Rows that stopped leave the batch; the jobs all of whose rows stopped are answered."""
+        keep = [i for i, row in enumerate(self.rows) if not row.done]
+        self.jobs = [job for job in self.jobs if not job.resolve_if_done()]
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self.owners = [self.owners[i] for i in keep]
+        if not keep:
+            self.decode = None
+        else:
+            assert self.decode is not None
+            self.decode.select_rows(keep)
+
+    def abort(self, only_adapters_gone: bool = False) -> None:
+        """End rows now with stop reason abort (tokens so far kept): all, or those whose adapter was unloaded."""
+        for row in self.rows:
+            adapter = row.request.adapter
+            if not only_adapters_gone or (adapter is not None and not self.weights.has_adapter(adapter)):
+                row.stop_reason = "abort"
+        self.drop_finished()
+
+    def fail(self, exc: BaseException) -> None:
+        """A forward failed (a bug or a broken model): fail every job of the batch and start empty."""
+        for job in self.jobs:
+            if not job.future.done():
+                job.future.set_exception(exc)
+        self.decode, self.rows, self.owners, self.jobs = None, [], [], []
+
+    def _record_shape(self) -> None:
+        stats = self.stats
+        stats.max_requests_per_batch = max(stats.max_requests_per_batch, len(self.jobs))
+        stats.max_rows_per_step = max(stats.max_rows_per_step, len(self.rows))
+        stats.max_adapters_per_step = max(stats.max_adapters_per_step, len(set(self.adapters)))
+
+
+def _score_prompts(jobs: list[Job], kept: torch.Tensor) -> None:
+    for job, logits in zip(jobs, kept):
+        request = job.request
+        if request.prompt_logprobs or request.topk_prompt_logprobs:
+            job.prompt = prompt_logprobs(
+                logits, request.prompt_token_ids, request.prompt_logprobs_last_n, request.topk_prompt_logprobs,
+            )
