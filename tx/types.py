@@ -13,6 +13,7 @@ Tensors are numpy arrays: int64 for token ids, float32 for everything else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Literal, TypeGuard, Union, get_args
@@ -340,3 +341,7 @@ class SampleResult:
     prompt_logprobs: np.ndarray | None = None
     topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
     weights_version: int | None = None  # the weight version the engine sampled with (None: the base model's)
+
+
+# Hears a sample's tokens as they are generated: (sample index, new token ids, their raw logprobs).
+TokenListener = Callable[[int, list[int], list[float]], None]

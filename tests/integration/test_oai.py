@@ -93,6 +93,38 @@ def test_stop_strings_n_and_seed(client: openai.OpenAI, trained) -> None:
         assert cut.choices[0].text == first[: first.find(stop)]
 
 
+def _generated_tokens(server: TxServer) -> int:
+    (group,) = [g for g in server.engine_groups() if g["base_model"] == BASE]
+    return sum(engine["health"]["stats"]["num_generated_tokens"] for engine in group["engines"])
+
+
+def test_streaming_sends_the_first_tokens_before_the_last_is_generated(client: openai.OpenAI,
+                                                                        server: TxServer) -> None:
+    body = dict(model=BASE, prompt=PROMPT, max_tokens=400, temperature=0.0, stop=["\n\n\n\n"])
+    whole = client.completions.create(**body).choices[0]
+    assert whole.finish_reason == "length", "the test needs a long answer: pick a prompt that runs to max_tokens"
+    before = _generated_tokens(server)
+    pieces, generated_at_first = [], None
+    for chunk in client.completions.create(**body, stream=True):
+        if chunk.choices[0].text and generated_at_first is None:
+            generated_at_first = _generated_tokens(server) - before
+        pieces.append(chunk.choices[0].text)
+    assert generated_at_first is not None and generated_at_first < 400, (
+        f"the first text arrived after {generated_at_first} of 400 tokens were generated")
+    assert "".join(pieces) == whole.text, "the streamed text is the whole answer's, stop string held back"
+    assert _generated_tokens(server) - before == 400
+
+    messages = [{"role": "user", "content": PROMPT}]
+    chunks = list(client.chat.completions.create(model=BASE, messages=messages, max_tokens=40, temperature=0.0,
+                                                 n=2, stream=True))
+    whole_chat = client.chat.completions.create(model=BASE, messages=messages, max_tokens=40, temperature=0.0, n=2)
+    for i in range(2):
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices[0].index == i)
+        assert text == whole_chat.choices[i].message.content
+    with pytest.raises(openai.BadRequestError, match="exceeds"):  # refused before the stream starts: a 400
+        client.completions.create(model=BASE, prompt=PROMPT, max_tokens=4000, stream=True)
+
+
 def test_bad_requests_are_4xx(client: openai.OpenAI, server: TxServer) -> None:
     with pytest.raises(openai.BadRequestError, match="not served"):
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)

@@ -1,6 +1,7 @@
 """Inference: the engines that serve `sample`, grouped by side of the engine contract.
 
-- `protocol.py`: the contract every engine serves (HTTP, pydantic); both sides import it.
+- `protocol/`: the contract every engine serves (HTTP, pydantic; `stream.py`: the stream route's lines); both
+  sides import it.
 - `engines/`: the engines themselves (embedded, vLLM), the app that serves the contract, `tx engine serve`.
   Engines import `protocol`, `weight_sync` and the ground floor, never `launch` or `manager`.
 - `launch/`: where engines run (local processes, Ray actors); imports `engines` (their kinds and configs).

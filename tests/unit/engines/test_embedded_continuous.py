@@ -104,3 +104,28 @@ def test_rows_of_different_adapters_share_a_batch(engine, reference_model, pool)
     alone = engine.generate(prompt_token_ids=PROMPTS[1], max_tokens=20, temperature=0.0, stop_at_eos=False,
                             adapter="m2")
     assert alone["sequences"][0]["token_ids"] == answers[0]["sequences"][0]["token_ids"]
+
+
+def test_the_stream_route_sends_tokens_as_they_are_generated(engine, reference_model):
+    import json
+
+    body = dict(prompt_token_ids=PROMPTS[0], max_tokens=300, n=2, temperature=1.0, seed=5, stop_at_eos=False)
+    events, steps_at_first = [], None
+    with engine.http.stream("POST", "/generate/stream", json=body) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line:
+                continue
+            events.append(json.loads(line))
+            if steps_at_first is None and events[-1].get("deltas"):
+                steps_at_first = engine.health()["num_running"]
+    assert steps_at_first == 1, "the first tokens arrived while the request was still generating"
+    result = events[-1]["result"]
+    assert all("result" not in event for event in events[:-1]) and len(events) > 2
+    for index, seq in enumerate(result["sequences"]):
+        streamed = [t for e in events[:-1] for d in e["deltas"] if d["index"] == index for t in d["token_ids"]]
+        assert streamed == seq["token_ids"] and len(streamed) == 300
+        reference.assert_raw_logprobs(reference_model, PROMPTS[0], seq)
+    assert result["sequences"] == engine.generate(**body)["sequences"], "the same answer as /generate"
+    bad = engine.http.post("/generate/stream", json={"prompt_token_ids": [10**6]})
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["detail"]

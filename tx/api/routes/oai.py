@@ -1,17 +1,19 @@
 """OpenAI-compatible inference (/oai/api/v1): models, completions and chat completions, with SSE streaming.
 
 The model is a served base model or a `tinker://.../sampler_weights/...` path; the same API keys as the
-Tinker routes (as `Authorization: Bearer`), the same engines (`tx.core.sampling.text`). Streaming sends
-each choice's text token by token once its sample is done (the engines answer whole samples).
+Tinker routes (as `Authorization: Bearer`), the same engines (`tx.core.sampling.text`). Streaming sends each
+choice's text as the engine generates its tokens (`tx.core.sampling.text_stream`: nothing past a stop string is
+ever sent); the response starts with the first token, so a request the engine refuses is still a 4xx.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
@@ -20,7 +22,8 @@ from fastapi.responses import StreamingResponse
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.schemas.oai import ChatCompletionRequest, CompletionRequest
-from tx.core.sampling.text import TextChoice, TextResult
+from tx.core.sampling.text import TextChoice, TextJob, TextResult, TextSampling
+from tx.core.sampling.text_stream import TextStream
 from tx.types import SamplingParams
 
 router = APIRouter(tags=["openai"], responses=COMMON_ERRORS | error_responses(404, 429))
@@ -36,10 +39,12 @@ async def models(ctx: Ctx, _: Caller) -> dict:
 @router.post("/completions", response_model=None)
 async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> dict | StreamingResponse:
     body.refuse_unsupported()
-    result = await ctx.text.complete(caller.owner, body.model, body.prompt, _params(body, body.max_tokens), body.n)
+    job = await ctx.text.prepare_completion(caller.owner, body.model, body.prompt, _params(body, body.max_tokens),
+                                            body.n)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
     if body.stream:
-        return _sse(_completion_chunks(head, result))
+        return await _stream(ctx.text, job, {**head, "object": "text_completion"}, chat=False)
+    result = await ctx.text.run(job)
     choices = [
         {"index": i, "text": c.text, "finish_reason": c.finish_reason,
          "logprobs": _completion_logprobs(c) if body.logprobs is not None else None}
@@ -53,10 +58,11 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     body.refuse_unsupported()
     messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
     params = _params(body, body.max_new_tokens(CHAT_DEFAULT_MAX_TOKENS))
-    result = await ctx.text.chat(caller.owner, body.model, messages, params, body.n)
+    job = await ctx.text.prepare_chat(caller.owner, body.model, messages, params, body.n)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
     if body.stream:
-        return _sse(_chat_chunks(head, result))
+        return await _stream(ctx.text, job, {**head, "object": "chat.completion.chunk"}, chat=True)
+    result = await ctx.text.run(job)
     choices = [
         {"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
          "logprobs": _chat_logprobs(c) if body.logprobs else None}
@@ -99,29 +105,52 @@ def _kept(choice: TextChoice) -> int:
     return len(choice.pieces)
 
 
-def _completion_chunks(head: dict, result: TextResult) -> Iterator[dict]:
-    chunk = {**head, "object": "text_completion"}
-    for i, choice in enumerate(result.choices):
-        for piece in choice.pieces:
-            if piece:
-                yield {**chunk, "choices": [{"index": i, "text": piece, "finish_reason": None, "logprobs": None}]}
-        yield {**chunk, "choices": [{"index": i, "text": "", "finish_reason": choice.finish_reason, "logprobs": None}]}
+async def _stream(text: TextSampling, job: TextJob, head: dict, chat: bool) -> StreamingResponse:
+    """Sample `job`, streaming each choice's text as server-sent events; waits for the first token (or the
+    sample's error, answered by the error policy as any other) before the response starts."""
+    queue: asyncio.Queue[tuple[int, list[int]] | None] = asyncio.Queue()
+    task = asyncio.create_task(text.run(job, on_tokens=lambda i, tokens, _: queue.put_nowait((i, tokens))))
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    first = await queue.get()
+    if first is None:
+        task.result()  # raises the sample's error, if any, before anything is sent
+    events = _events(text, job, head, chat, queue, task, first)
+    return StreamingResponse(events, media_type="text/event-stream")
 
 
-def _chat_chunks(head: dict, result: TextResult) -> Iterator[dict]:
-    chunk = {**head, "object": "chat.completion.chunk"}
-    for i, choice in enumerate(result.choices):
-        yield {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-        for piece in choice.pieces:
-            if piece:
-                yield {**chunk, "choices": [{"index": i, "delta": {"content": piece}, "finish_reason": None}]}
-        yield {**chunk, "choices": [{"index": i, "delta": {}, "finish_reason": choice.finish_reason}]}
-
-
-def _sse(chunks: Iterator[dict[str, Any]]) -> StreamingResponse:
-    def events() -> Iterator[str]:
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
+async def _events(text: TextSampling, job: TextJob, head: dict, chat: bool,
+                  queue: asyncio.Queue[tuple[int, list[int]] | None], task: asyncio.Task[TextResult],
+                  item: tuple[int, list[int]] | None) -> AsyncIterator[str]:
+    streams = [TextStream(job.tokenizer, job.params.stop_strings) for _ in range(job.n)]
+    try:
+        if chat:
+            for i in range(job.n):
+                yield _sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                 "finish_reason": None}]})
+        while item is not None:
+            index, tokens = item
+            if piece := await text.stream_text(job, streams[index], tokens):
+                yield _sse(_piece(head, chat, index, piece))
+            item = await queue.get()
+        try:
+            result = task.result()
+        except Exception as exc:  # noqa: BLE001 - the status line is sent: the error goes in the stream
+            yield _sse({"error": {"message": str(exc), "type": type(exc).__name__}})
+            return
+        for i, choice in enumerate(result.choices):
+            if rest := streams[i].rest(choice.text):
+                yield _sse(_piece(head, chat, i, rest))
+            done = {"delta": {}} if chat else {"text": "", "logprobs": None}
+            yield _sse({**head, "choices": [{"index": i, **done, "finish_reason": choice.finish_reason}]})
         yield "data: [DONE]\n\n"
+    finally:
+        task.cancel()  # a reader that went away stops waiting on the engine
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+
+def _piece(head: dict, chat: bool, index: int, text: str) -> dict:
+    part = {"delta": {"content": text}} if chat else {"text": text, "logprobs": None}
+    return {**head, "choices": [{"index": index, **part, "finish_reason": None}]}
+
+
+def _sse(chunk: dict[str, Any]) -> str:
+    return f"data: {json.dumps(chunk)}\n\n"

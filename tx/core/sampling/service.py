@@ -20,7 +20,7 @@ from tx.inference.manager import EngineManager
 from tx.multimodal import ImageInputs, expand_input
 from tx.store.store import Store
 from tx.store.tables import SamplingSessionRow
-from tx.types import ErrorCategory, SampleKey, SampleRequest, SampleResult
+from tx.types import ErrorCategory, SampleKey, SampleRequest, SampleResult, TokenListener
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,10 @@ class SamplingService:
             task.cancel()
 
     async def generate(self, owner: str, base_model: str, weights_dir: Path | None, label: str,
-                       request: SampleRequest) -> SampleResult:
+                       request: SampleRequest, on_tokens: TokenListener | None = None) -> SampleResult:
         """A sample answered directly, without a future (the OpenAI-compatible routes): the same engines,
         router, quotas and fair share as asample, on the newest weights saved under `weights_dir` (named
-        `label`)."""
+        `label`); `on_tokens` hears the tokens as they are generated."""
         self.admission.admit(owner, base_model, request)
         try:
             async with self.admission.turn(owner, base_model, request):
@@ -92,13 +92,13 @@ class SamplingService:
                 if weights_dir is not None:  # one pin per path, moved to its newest version at every call
                     await asyncio.to_thread(self.manager.pin, sampler_id, weights_dir, label)
                 key = SampleKey(sampler_id, next(self._direct_calls))
-                return await self._sample(owner, base_model, weights_dir, key, request)
+                return await self._sample(owner, base_model, weights_dir, key, request, on_tokens)
         finally:
             self.admission.end(owner, request)
 
     async def _sample(self, owner: str, base_model: str, weights_dir: Path | None, key: SampleKey,
-                      request: SampleRequest) -> SampleResult:
-        result = await self.manager.sample(base_model, weights_dir, key, request)
+                      request: SampleRequest, on_tokens: TokenListener | None = None) -> SampleResult:
+        result = await self.manager.sample(base_model, weights_dir, key, request, on_tokens)
         tokens = sum(len(seq.tokens) for seq in result.sequences)
         self.sampled_tokens += tokens
         self.sampled_by_owner[owner] = self.sampled_by_owner.get(owner, 0) + tokens

@@ -4,8 +4,9 @@ The model is a served base model or a `tinker://` path to sampler (or training) 
 read. Prompts are tokenized, and chat messages rendered with the model's own chat template, by the
 base model's tokenizer (loaded once, in the API process); the sample itself goes through
 `SamplingService.generate` (the same engines, router, weight versions and queue limit as asample).
-Text comes back cut before the first stop string, with no special tokens, split per token for
-streaming (`detokenize.IncrementalDetokenizer`: linear in the tokens).
+Text comes back cut before the first stop string, with no special tokens, split per token
+(`detokenize.IncrementalDetokenizer`: linear in the tokens). Streaming (`prepare_*`, then `run` with a
+listener) hears tokens as the engine generates them; `text_stream.py` turns them into text.
 
 Tokenizer work (encoding, chat templates, decoding) runs in worker threads, never on the event loop, one
 call at a time per tokenizer (a fast tokenizer is not safe to share between threads that configure it).
@@ -24,7 +25,8 @@ from typing import Any, TypeVar
 from tx.core.sampling.detokenize import decode_pieces
 from tx.core.sampling.samplers import Samplers
 from tx.core.sampling.service import SamplingService
-from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, UserError
+from tx.core.sampling.text_stream import TextStream
+from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, TokenListener, UserError
 
 T = TypeVar("T")
 
@@ -45,6 +47,20 @@ class TextResult:
     choices: list[TextChoice]
 
 
+@dataclass(frozen=True)
+class TextJob:
+    """A text request checked and tokenized, ready to sample (`TextSampling.run`)."""
+
+    owner: str
+    tokenizer: Any
+    base_model: str
+    weights_dir: Path | None
+    label: str
+    tokens: list[int]
+    params: SamplingParams
+    n: int
+
+
 class TextSampling:
     def __init__(self, samplers: Samplers, sampling: SamplingService, model_dirs: dict[str, Path]) -> None:
         self._samplers = samplers
@@ -58,6 +74,14 @@ class TextSampling:
 
     async def complete(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
                        n: int) -> TextResult:
+        return await self.run(await self.prepare_completion(owner, model, prompt, params, n))
+
+    async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
+                   n: int) -> TextResult:
+        return await self.run(await self.prepare_chat(owner, model, messages, params, n))
+
+    async def prepare_completion(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
+                                 n: int) -> TextJob:
         base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
         if isinstance(prompt, list):
@@ -66,29 +90,33 @@ class TextSampling:
             tokens = await self._off_loop(base_model, lambda: tokenizer.encode(prompt, add_special_tokens=False))
         if any(not 0 <= token < len(tokenizer) for token in tokens):
             raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
-        return await self._generate(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
+        return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
 
-    async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
-                   n: int) -> TextResult:
+    async def prepare_chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
+                           n: int) -> TextJob:
         base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")
         tokens = await self._off_loop(base_model, lambda: _render_chat(tokenizer, base_model, messages))
-        return await self._generate(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
+        return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
 
-    async def _generate(self, owner: str, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str,
-                        tokens: list[int], params: SamplingParams, n: int) -> TextResult:
-        if not tokens:
-            raise UserError("the prompt is empty")
-        request = SampleRequest(prompt=ModelInput.from_tokens(tokens), num_samples=n, params=params)
-        result = await self._sampling.generate(owner, base_model, weights_dir, label, request)
-        choices = await self._off_loop(base_model, lambda: [
-            _choice(tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, params.stop_strings)
+    async def run(self, job: TextJob, on_tokens: TokenListener | None = None) -> TextResult:
+        """Sample `job`; `on_tokens` hears each choice's tokens as they are generated (on the event loop:
+        `text_stream.py` makes text of them)."""
+        request = SampleRequest(prompt=ModelInput.from_tokens(job.tokens), num_samples=job.n, params=job.params)
+        result = await self._sampling.generate(job.owner, job.base_model, job.weights_dir, job.label, request,
+                                               on_tokens)
+        choices = await self._off_loop(job.base_model, lambda: [
+            _choice(job.tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, job.params.stop_strings)
             for seq in result.sequences
         ])
         completion_tokens = sum(len(seq.tokens) for seq in result.sequences)
-        return TextResult(prompt_tokens=len(tokens), completion_tokens=completion_tokens, choices=choices)
+        return TextResult(prompt_tokens=len(job.tokens), completion_tokens=completion_tokens, choices=choices)
+
+    async def stream_text(self, job: TextJob, stream: TextStream, tokens: list[int]) -> str:
+        """The text `tokens` add to one choice's `stream` (tokenizer work, off the event loop)."""
+        return await self._off_loop(job.base_model, lambda: stream.push(tokens))
 
     async def _tokenizer(self, base_model: str) -> Any:
         if base_model not in self._tokenizers:
@@ -108,6 +136,13 @@ class TextSampling:
                 return work()
 
         return await asyncio.to_thread(locked)
+
+
+def _job(owner: str, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str, tokens: list[int],
+         params: SamplingParams, n: int) -> TextJob:
+    if not tokens:
+        raise UserError("the prompt is empty")
+    return TextJob(owner, tokenizer, base_model, weights_dir, label, list(tokens), params, n)
 
 
 def _render_chat(tokenizer: Any, base_model: str, messages: list[dict[str, str]]) -> list[int]:

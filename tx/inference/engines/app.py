@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from tx.inference import protocol as p
 from tx.inference.engines.config import EngineProcessConfig
 from tx.inference.engines.http import add_error_handlers, secret_guard
+from tx.inference.engines.streaming import ndjson, whole
 from tx.inference.weight_sync import TransferInit
 
 T = TypeVar("T")
@@ -27,7 +28,7 @@ Answer = T | Awaitable[T]  # a plain method's result, or a coroutine's
 
 
 class EngineBackend(Protocol):
-    """The contract's operations, one method per route (`tx/inference/protocol.py` says what each means)."""
+    """The contract's operations, one method per route (`tx/inference/protocol/` says what each means)."""
 
     @property
     def config(self) -> EngineProcessConfig: ...
@@ -77,6 +78,16 @@ def engine_app(backend: EngineBackend, title: str = "tx engine") -> FastAPI:
     async def generate(request: p.GenerateRequest) -> Response:
         result: p.GenerateResponse = await answer(backend.generate, request)
         return Response(result.model_dump_json(), media_type="application/json")  # built by us: no re-check
+
+    @app.post(p.ROUTE_GENERATE_STREAM, dependencies=guarded)
+    async def generate_stream(request: p.GenerateRequest) -> StreamingResponse:
+        """NDJSON `GenerateEvent` lines (`engines/streaming.py`); a bad request is refused before the first."""
+        stream = getattr(backend, "generate_stream", None)  # a backend without it streams its whole answer
+        if stream is None:
+            events = whole(await answer(backend.generate, request))
+        else:
+            events = await stream(request)
+        return StreamingResponse(ndjson(events), media_type="application/x-ndjson")
 
     @app.post(p.ROUTE_TOKENIZE, dependencies=guarded)
     async def tokenize(request: p.TokenizeRequest) -> p.TokenizeResponse:

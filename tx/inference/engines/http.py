@@ -1,6 +1,6 @@
 """What every engine's HTTP app shares: the cluster-secret guard and one error policy.
 
-Errors map to the contract's statuses (`tx/inference/protocol.py`): `UserError` 400, `NotFoundError` 404,
+Errors map to the contract's statuses (`tx/inference/protocol/`): `UserError` 400, `NotFoundError` 404,
 `ConflictError` 409, an `UpstreamError` (vLLM's error status) its own status, anything else 500; always a JSON
 body `{"detail": ...}`.
 """

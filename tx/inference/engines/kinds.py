@@ -1,6 +1,6 @@
 """What an engine kind is: one `EngineKind` record per kind, the only place that lists them.
 
-Every kind serves the same contract (`tx/inference/protocol.py`) through the same app (`engines/app.py`,
+Every kind serves the same contract (`tx/inference/protocol/`) through the same app (`engines/app.py`,
 `engine_app(backend)`), is run the same way (`tx/inference/launch/process.py`: `python -m <module>` with its
 config as JSON in the environment, in a session of its own, ready once it wrote its ready file) and is started
 by the same launchers (`tx/inference/launch/`: local processes, or Ray actors). What differs is here:

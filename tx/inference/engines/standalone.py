@@ -1,6 +1,6 @@
 """`tx engine serve`: one engine started by hand, on any machine, for a `tx serve --engine-url` elsewhere.
 
-It serves the same contract as the engines tx starts itself (`tx/inference/protocol.py`), in the foreground
+It serves the same contract as the engines tx starts itself (`tx/inference/protocol/`), in the foreground
 (the kind's module, `engines/kinds.py`, run in this process), until SIGTERM or Ctrl-C; it does not exit when
 its parent goes away. The cluster secret comes from the
 environment (`TX_ENGINE_SECRET`), never from argv, so it does not show in `ps`. The embedded engine runs in

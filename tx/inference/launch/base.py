@@ -1,6 +1,6 @@
 """The `Launcher` seam: what starts one engine and the handle it gives back.
 
-A launcher starts one engine (any engine serving `tx/inference/protocol.py`) for a model directory and hands
+A launcher starts one engine (any engine serving `tx/inference/protocol/`) for a model directory and hands
 back an `EngineHandle`: a URL the manager talks to, and whether it is still alive. The manager and its
 supervisor know engines only through these two protocols.
 """

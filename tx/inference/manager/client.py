@@ -16,9 +16,16 @@ from typing import Any
 import httpx
 
 from tx.inference.manager.resume import StillAborted, Wait, complete
-from tx.inference.protocol import ROUTE_GENERATE, SECRET_HEADER, GenerateRequest, GenerateResponse, error_detail
-from tx.types import SampleRequest, SampleResult
-
+from tx.inference.protocol import (
+    ROUTE_GENERATE,
+    ROUTE_GENERATE_STREAM,
+    SECRET_HEADER,
+    GenerateRequest,
+    GenerateResponse,
+    error_detail,
+)
+from tx.inference.protocol.stream import GenerateEvent
+from tx.types import SampleRequest, SampleResult, TokenListener
 
 
 class EngineUnavailable(RuntimeError):
@@ -97,25 +104,60 @@ class InferenceClient:
         return dict(zip(names, results))
 
     async def generate(self, engine: str, session_key: str, request: GenerateRequest,
-                       on_abort: Wait | None = None) -> GenerateResponse:
+                       on_abort: Wait | None = None, on_tokens: TokenListener | None = None) -> GenerateResponse:
         """Generate on `engine`; sequences a pause aborted are resent until each one is complete (the policy:
-        `resume.py`). `on_abort` runs before each round of resends (to wait until the engine may run again)."""
+        `resume.py`). `on_abort` runs before each round of resends (to wait until the engine may run again).
+        With `on_tokens`, the engine streams: it hears each sample's tokens as they are generated (a resent
+        sample's rest in one piece, once it is complete)."""
         headers = {"X-Session-ID": session_key}
 
         async def send(body: GenerateRequest) -> GenerateResponse:
             return GenerateResponse.model_validate(
                 await self.post(engine, ROUTE_GENERATE, body.model_dump(), headers=headers))
 
+        if on_tokens is None:
+            first = await send(request)
+        else:
+            first = await self._stream(engine, request, headers, on_tokens)
         try:
-            return await complete(send, request, await send(request), on_abort)
+            answer = await complete(send, request, first, on_abort)
         except StillAborted as exc:
             raise EngineRequestError(engine, 503, str(exc)) from exc
+        if on_tokens is not None:
+            for index, (cut, whole) in enumerate(zip(first.sequences, answer.sequences)):
+                if len(whole.token_ids) > len(cut.token_ids):
+                    on_tokens(index, whole.token_ids[len(cut.token_ids):], whole.logprobs[len(cut.token_ids):])
+        return answer
+
+    async def _stream(self, name: str, request: GenerateRequest, headers: dict[str, str],
+                      on_tokens: TokenListener) -> GenerateResponse:
+        """One call of the stream route: deltas to `on_tokens`, the answer returned."""
+        url = self.engines[name] + ROUTE_GENERATE_STREAM
+        try:
+            async with self._client().stream("POST", url, json=request.model_dump(), headers=headers) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise EngineRequestError(name, response.status_code, error_detail(response))
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    event = GenerateEvent.model_validate_json(line)
+                    for delta in event.deltas:
+                        on_tokens(delta.index, delta.token_ids, delta.logprobs)
+                    if event.error_status is not None:
+                        raise EngineRequestError(name, event.error_status, event.error_detail or "")
+                    if event.result is not None:
+                        return event.result
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(name, f"{type(exc).__name__}: {exc}") from exc
+        raise EngineUnavailable(name, "the stream ended before the answer")
 
     async def sample(self, engine: str, session_key: str, request: SampleRequest, adapter: str | None,
-                     on_abort: Wait | None = None, cache_namespace: str | None = None) -> SampleResult:
+                     on_abort: Wait | None = None, cache_namespace: str | None = None,
+                     on_tokens: TokenListener | None = None) -> SampleResult:
         """The domain's sample on `engine` (with `adapter`, or the base model; in its own prefix-cache namespace
         if given): this client is its edge, where the request becomes the engine contract's and the answer the
-        domain's result."""
+        domain's result. `on_tokens`: stream (`generate`)."""
         generate = GenerateRequest.from_sample_request(request, adapter, cache_namespace)
-        answer = await self.generate(engine, session_key, generate, on_abort)
+        answer = await self.generate(engine, session_key, generate, on_abort, on_tokens)
         return answer.to_sample_result()

@@ -39,7 +39,7 @@ from tx.inference.manager.publisher import Publisher
 from tx.inference.manager.report import describe_groups
 from tx.inference.manager.supervisor import Supervisor
 from tx.inference.manager.versions import VersionStore, WeightVersion, lora_spec, snapshot
-from tx.types import SampleKey, SampleRequest, SampleResult, UserError
+from tx.types import SampleKey, SampleRequest, SampleResult, TokenListener, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,10 @@ class EngineManager:
 
     # -- sampling ---------------------------------------------------------------------------
     async def sample(self, base_model: str, weights_dir: Path | None, key: SampleKey,
-                     request: SampleRequest) -> SampleResult:
-        """`request`'s prompt must be expanded already if it holds images (`SampleRequest.expanded`)."""
+                     request: SampleRequest, on_tokens: TokenListener | None = None) -> SampleResult:
+        """`request`'s prompt must be expanded already if it holds images (`SampleRequest.expanded`). With
+        `on_tokens`, the engine streams the samples' tokens to it as they are generated; then a failed engine is
+        retried only while nothing was heard yet (a retry would start the samples over)."""
         group = self.groups[base_model]
         self.in_flight += 1
         try:
@@ -109,13 +111,21 @@ class EngineManager:
             if weights_dir is not None:
                 version = await asyncio.to_thread(self.versions.pinned, key.sampler_id, weights_dir)
             async with self.lifecycle.use(group):
-                return await self._sample_once_or_twice(group, version, key, request)
+                return await self._sample_once_or_twice(group, version, key, request, on_tokens)
         finally:
             self.in_flight -= 1
 
     async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, key: SampleKey,
-                                    request: SampleRequest) -> SampleResult:
+                                    request: SampleRequest, on_tokens: TokenListener | None) -> SampleResult:
         self.supervisor.restart_dead_in_background(group)
+        heard = False
+
+        def hear(index: int, tokens: list[int], logprobs: list[float]) -> None:
+            nonlocal heard
+            heard = True
+            assert on_tokens is not None
+            on_tokens(index, tokens, logprobs)
+
         failed: set[str] = set()  # external engines that failed this request
         restarted = False
         while True:
@@ -127,11 +137,14 @@ class EngineManager:
                 async with self.publisher.holding(slot, version) as adapter:
                     result = await self.client.sample(slot.name, str(key), request, adapter,
                                                       on_abort=lambda: self.lifecycle.resume_after_training(group),
-                                                      cache_namespace=cache_namespace(key, version))
+                                                      cache_namespace=cache_namespace(key, version),
+                                                      on_tokens=hear if on_tokens is not None else None)
                 result.weights_version = None if version is None else version.number
                 return result
             except EngineUnavailable as exc:
                 logger.warning("engine %s failed during a sample: %s", slot.name, exc)
+                if heard:
+                    raise RuntimeError(f"engine {slot.name} failed while streaming a sample: {exc}") from exc
                 if slot.external:
                     self.supervisor.mark_down(slot, str(exc))
                     failed.add(slot_key)

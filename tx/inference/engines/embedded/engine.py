@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import AsyncIterator
 from concurrent.futures import Future
 
 import torch
 
+from tx.inference.engines.embedded.batch import Listener
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.scheduler import Scheduler
 from tx.inference.engines.embedded.transfer import WeightReceiver
 from tx.inference.engines.embedded.vision import prepare_vision
 from tx.inference.engines.embedded.weights import Weights
+from tx.inference.engines.streaming import TokenStream
 from tx.inference.protocol import (
     GenerateRequest,
     GenerateResponse,
@@ -36,6 +39,7 @@ from tx.inference.protocol import (
     WeightsUpdateRequest,
     WeightsUpdateResponse,
 )
+from tx.inference.protocol.stream import GenerateEvent
 from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
 from tx.models.fingerprint import model_fingerprint
 from tx.multimodal import ImageLimits, vision_processor
@@ -78,11 +82,23 @@ class EmbeddedEngine:
             future = self.submit(request)
         return await asyncio.wrap_future(future)
 
-    def submit(self, request: GenerateRequest) -> Future:
-        """Validate `request` (decoding its images, if any: call from a worker thread then) and queue it."""
+    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """Queue `request` (validated now: a bad one raises before anything streams); its tokens as they are
+        sampled, then its answer."""
+        stream = TokenStream()
+        if request.images:
+            future = await asyncio.to_thread(self.submit, request, stream.listener)
+        else:
+            future = self.submit(request, stream.listener)
+        stream.finish_with(future)
+        return stream.events()
+
+    def submit(self, request: GenerateRequest, listener: Listener | None = None) -> Future:
+        """Validate `request` (decoding its images, if any: call from a worker thread then) and queue it;
+        `listener` hears its tokens as they are sampled."""
         self._validate(request)
         vision = prepare_vision(request, self.vision, self.image_limits)
-        return self.scheduler.submit(request, vision)
+        return self.scheduler.submit(request, vision, listener)
 
     def _validate(self, request: GenerateRequest) -> None:
         weights = self.weights

@@ -27,10 +27,12 @@ if TYPE_CHECKING:
     import httpx
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
-CONTRACT_VERSION = 2  # reported in /health; tx refuses an external engine that reports another (2: cache_namespace)
+# reported in /health; tx refuses an external engine that reports another (2: cache_namespace; 3: the stream route)
+CONTRACT_VERSION = 3
 
 ROUTE_HEALTH = "/health"  # GET, no secret
 ROUTE_GENERATE = "/generate"  # POST GenerateRequest -> GenerateResponse
+ROUTE_GENERATE_STREAM = "/generate/stream"  # POST GenerateRequest -> NDJSON lines (protocol/stream.py)
 ROUTE_TOKENIZE = "/tokenize"  # POST TokenizeRequest -> TokenizeResponse
 ROUTE_PAUSE = "/pause"  # POST PauseRequest -> StateResponse
 ROUTE_RESUME = "/resume"  # POST (no body) -> StateResponse
@@ -310,6 +312,7 @@ __all__ = [
     "CONTRACT_VERSION",
     "ROUTE_ADAPTER",
     "ROUTE_GENERATE",
+    "ROUTE_GENERATE_STREAM",
     "ROUTE_HEALTH",
     "ROUTE_PAUSE",
     "ROUTE_RESUME",
