@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -65,6 +66,33 @@ def test_sft_only_run_starts_no_engine(sampling_server: TxServer, client: tinker
     tc.save_state("sft-only").result()
     assert all(e["pid"] is None for e in engines(sampling_server))
     assert group_state(sampling_server) == "absent"
+    standby = _standby_pids(sampling_server)  # started with the server, imports only: no model in it
+    assert len(standby) == 1 and not _maps_file(standby[0], "model.safetensors")
+
+
+def _standby_pids(server: TxServer) -> list[int]:
+    """Processes started as this server's standby engine (their output goes to its data dir)."""
+    pids = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            standby = b"TX_ENGINE_STANDBY=1" in environ.read_bytes().split(b"\0")
+            if standby and str(server.data_dir) in os.readlink(environ.with_name("fd") / "1"):
+                pids.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _maps_file(pid: int, name: str) -> bool:
+    return name in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_first_engine_is_the_standby_started_with_the_server(sampling_server: TxServer,
+                                                                 client: tinker.ServiceClient) -> None:
+    (standby,) = _standby_pids(sampling_server)
+    sampler = client.create_sampling_client(base_model=BASE)
+    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result()
+    assert engines(sampling_server)[0]["pid"] == standby, "the standby process became the engine"
 
 
 Gaps = dict[str, float]  # "sampled" / "prompt" -> largest |sampler - trainer| logprob

@@ -109,8 +109,9 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     colocate = engines.resolved_colocate()
     with_external = {e.base_model for e in externals}
     num_engines = sum(engines.managed_count(name in with_external) for name in models)
+    managed = [path for name, path in models.items() if engines.managed_count(name in with_external)]
     launcher = build_launcher(engines, settings.trainer, work_dir=settings.data_dir / "engines",
-                              num_engines=num_engines, colocate=colocate)
+                              num_engines=num_engines, colocate=colocate, model_dirs=managed)
     backend = create_backend(models, settings.trainer, image_limits=images.limits,
                              ray_options=trainer_placement(launcher, loop))
     store = Store.from_url(settings.store_url)

@@ -189,6 +189,11 @@ class EngineSection(Section):
         default=1, ge=1, le=2, validation_alias="engine_sleep_level",
         description="1: keep weights off the accelerator; 2: drop them.",
     )
+    standby: bool = Field(
+        default=True, validation_alias="engine_standby",
+        description="Start one embedded engine process when tx serve starts, its imports done and no model "
+        "loaded; the first engine started takes it, so the first sample skips the imports.",
+    )
     max_adapters: int = Field(
         default=8, ge=1, validation_alias="engine_max_adapters",
         description="Weight versions an engine keeps loaded.",

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 CONFIG_ENV = "TX_ENGINE_CONFIG"
 CONFIG_FILE_ENV = "TX_ENGINE_CONFIG_FILE"
+STANDBY_ENV = "TX_ENGINE_STANDBY"  # set: import ahead, then read the config from stdin (embedded/__main__.py)
+STANDBY_MODELS_ENV = "TX_ENGINE_STANDBY_MODELS"  # model dirs (os.pathsep-separated) whose classes to import
 
 
 
@@ -64,6 +66,6 @@ def read_ready_file(path: Path) -> str | None:
 
 
 __all__ = [
-    "CONFIG_ENV", "CONFIG_FILE_ENV", "EngineProcessConfig", "read_ready_file",
+    "CONFIG_ENV", "CONFIG_FILE_ENV", "STANDBY_ENV", "STANDBY_MODELS_ENV", "EngineProcessConfig", "read_ready_file",
     "write_ready_file",
 ]

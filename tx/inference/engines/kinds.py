@@ -40,6 +40,7 @@ class EngineKind:
     tensor_parallel: bool  # whether one engine may span several GPUs
     batch_rows: int  # sequences one engine decodes together (a sample's num_samples is bounded by it)
     check: Callable[[], object] | None = None  # raises when this kind cannot run here (at launcher start)
+    standby: bool = False  # its module can start ahead and wait for its config on stdin (launch/standby.py)
 
     def require(self) -> None:
         """Fail now, with a message that says what to install, when this kind cannot run on this machine."""
@@ -50,7 +51,7 @@ class EngineKind:
 EMBEDDED = EngineKind(
     name="embedded", label="embedded engine", module="tx.inference.engines.embedded",
     config=EmbeddedEngineConfig, startup_timeout_s=300.0, stop_timeout_s=2.0, tensor_parallel=False,
-    batch_rows=EmbeddedEngineConfig.model_fields["max_batch_size"].default,
+    batch_rows=EmbeddedEngineConfig.model_fields["max_batch_size"].default, standby=True,
 )
 VLLM = EngineKind(
     name="vllm", label="vLLM engine", module="tx.inference.engines.vllm", config=VllmEngineConfig,

@@ -17,14 +17,17 @@ from tx.inference.launch.local import LocalLauncher
 
 
 def build_launcher(engines: EngineSection, trainer: TrainerSection, *, work_dir: Path, num_engines: int,
-                   colocate: bool) -> Launcher:
+                   colocate: bool, model_dirs: list[Path] | None = None) -> Launcher:
     """`num_engines`: every engine tx starts, over all base models (the Ray placement group's size);
     `colocate`: engines share the trainer's accelerator. The engines' secret is the external engines' when
-    given (so that one client talks to all), else a new one."""
+    given (so that one client talks to all), else a new one. `model_dirs`: the models tx starts engines for
+    (a local launcher's standby imports their classes, with `engines.standby`)."""
     secret = engines.secret_value() or secrets.token_urlsafe(32)
     options = engine_options(engines, trainer)
     if engines.ray_address is None:
-        return LocalLauncher(work_dir, secret, kind=engines.kind, max_adapters=engines.max_adapters, **options)
+        standby_for = model_dirs if engines.standby and num_engines and model_dirs else None
+        return LocalLauncher(work_dir, secret, kind=engines.kind, max_adapters=engines.max_adapters,
+                             standby_for=standby_for, **options)
     from tx.inference.launch.ray_launcher import RayLauncher
     from tx.ray import connect, import_ray
     from tx.ray.placement import PlacementSpec

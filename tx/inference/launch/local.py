@@ -16,7 +16,8 @@ from typing import Any
 
 from tx.inference.engines.kinds import EngineKind, engine_kind
 from tx.inference.launch.base import EngineHandle, Launcher  # noqa: F401 (the seam LocalLauncher implements)
-from tx.inference.launch.process import STARTUP_GRACE_S, run_config, start_logged, stop
+from tx.inference.launch.process import STARTUP_GRACE_S, run_config, start_logged, stop, wait_logged
+from tx.inference.launch.standby import Standby
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +43,12 @@ class LocalLauncher:
 
     def __init__(self, work_dir: Path, secret: str, *, kind: EngineKind | str = "embedded",
                  host: str = "127.0.0.1", max_adapters: int = 8, startup_timeout_s: float | None = None,
-                 **engine_options: Any) -> None:
+                 standby_for: list[Path] | None = None, **engine_options: Any) -> None:
         """`engine_options`: more fields of the kind's config (embedded: device, dtype, num_threads; vLLM:
         dtype, max_lora_rank, gpu_memory_utilization, extra_args, ...). `startup_timeout_s`: the kind's
-        default unless given. A kind that cannot run here (no vLLM) fails now, not at the first sample."""
+        default unless given. A kind that cannot run here (no vLLM) fails now, not at the first sample.
+        `standby_for`: start a standby process now (`standby.py`, a kind that has one), its imports done
+        and these models' classes imported; the first engine started takes it."""
         self.kind = engine_kind(kind) if isinstance(kind, str) else kind
         self.kind.require()
         self.work_dir = Path(work_dir)
@@ -56,12 +59,19 @@ class LocalLauncher:
         self.engine_options = engine_options
         self._starting: set[subprocess.Popen] = set()  # spawned, not yet serving
         self._closed = False
+        self._standby: Standby | None = None
+        if standby_for is not None and self.kind.standby:
+            self._standby = Standby(self.kind, self.work_dir, standby_for)
 
     async def start(self, name: str, model_dir: Path) -> EngineProcess:
         if self._closed:
             raise RuntimeError(f"the server is shutting down: {self.kind.label} {name} is not started")
-        run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
-        run_dir.mkdir(parents=True, mode=0o700)
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            run_dir = standby.run_dir
+        else:
+            run_dir = self.work_dir / f"{name}-{uuid.uuid4().hex[:8]}"
+            run_dir.mkdir(parents=True, mode=0o700)
         config = run_config(self.kind, run_dir, self.startup_timeout_s, model_dir=model_dir, port=0,
                             cluster_secret=self.secret, host=self.host, max_adapters=self.max_adapters,
                             **self.engine_options)
@@ -72,10 +82,17 @@ class LocalLauncher:
             spawned.append(process)
             self._starting.add(process)
 
+        taken = standby.take(config) if standby is not None else None
+        if taken is not None:
+            on_spawn(taken)
         try:
-            process, url = await asyncio.to_thread(
-                start_logged, self.kind, config, log, timeout_s, on_spawn=on_spawn
-            )
+            if taken is not None:
+                url = await asyncio.to_thread(wait_logged, self.kind, config, taken, log, timeout_s)
+                process = taken
+            else:
+                process, url = await asyncio.to_thread(
+                    start_logged, self.kind, config, log, timeout_s, on_spawn=on_spawn
+                )
         except RuntimeError as exc:
             if self._closed:
                 raise RuntimeError(f"the server shut down while {self.kind.label} {name} started") from exc
@@ -93,7 +110,11 @@ class LocalLauncher:
         await asyncio.to_thread(stop, engine.process, self.kind.stop_timeout_s)
 
     async def close(self) -> None:
-        """Stop the engines still starting (a serving one is stopped through `stop`), and start no more."""
+        """Stop the engines still starting (a serving one is stopped through `stop`) and the standby, and start no
+        more."""
         self._closed = True
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            await asyncio.to_thread(standby.close)
         for process in list(self._starting):
             await asyncio.to_thread(stop, process, self.kind.stop_timeout_s)

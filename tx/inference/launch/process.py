@@ -96,12 +96,20 @@ def start_logged(kind: EngineKind, config: EngineProcessConfig, log_path: Path, 
         process = spawn(kind, config, stdout=log, stderr=subprocess.STDOUT, **popen_kwargs)
     if on_spawn is not None:
         on_spawn(process)
+    return process, wait_logged(kind, config, process, log_path, timeout_s)
+
+
+def wait_logged(kind: EngineKind, config: EngineProcessConfig, process: subprocess.Popen, log_path: Path,
+                timeout_s: float) -> str:
+    """`wait_ready` for an engine writing to `log_path`; if it fails, it is stopped and the RuntimeError carries
+    the log's tail."""
     try:
-        return process, wait_ready(config, process, timeout_s, what=kind.label)
+        return wait_ready(config, process, timeout_s, what=kind.label)
     except RuntimeError as exc:
         stop(process, 10.0)
         tail = log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
         raise RuntimeError(f"{exc}\n{tail}") from exc
 
 
-__all__ = ["LOG_TAIL_CHARS", "STARTUP_GRACE_S", "run_config", "spawn", "start_logged", "stop", "wait_ready"]
+__all__ = ["LOG_TAIL_CHARS", "STARTUP_GRACE_S", "run_config", "spawn", "start_logged", "stop", "wait_logged",
+           "wait_ready"]

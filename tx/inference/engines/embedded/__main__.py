@@ -3,6 +3,10 @@
 Binds `host:port` (port 0 picks a free one), loads the model, serves HTTP from a thread while the main
 thread runs the scheduler, and writes its URL to the config's `ready_file` once it serves. SIGTERM stops it
 cleanly. Exits when its parent process goes away (unless `exit_with_parent` is false).
+
+In standby (`STANDBY_ENV` set, `tx/inference/launch/standby.py` starts it): it imports what serving needs (torch,
+transformers, PEFT, the served models' classes), then waits for its config as one JSON line on stdin, and only
+then loads a model; stdin closed without a line (tx serve stopped, or never needed an engine) ends it.
 """
 
 from __future__ import annotations
@@ -10,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
 from tx.inference.engines.app import engine_app
+from tx.inference.engines.config import STANDBY_ENV, STANDBY_MODELS_ENV
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.engine import EmbeddedEngine
 from tx.inference.engines.kinds import EMBEDDED
@@ -56,5 +62,27 @@ def main(config: EmbeddedEngineConfig | None = None) -> None:
         engine.close()
 
 
+def standby() -> EmbeddedEngineConfig | None:
+    """Import ahead, then the config from stdin (None: stdin closed first)."""
+    import peft.tuners.lora  # noqa: F401 - imported now, used at the first adapter
+    import transformers
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    for model_dir in filter(None, os.environ.get(STANDBY_MODELS_ENV, "").split(os.pathsep)):
+        try:  # the served models' classes, and the loader's tables (~700 regexes, built at the first load)
+            config = transformers.AutoConfig.from_pretrained(model_dir)
+            for name in config.architectures or ():
+                getattr(transformers, name, None)
+            get_checkpoint_conversion_mapping(config.model_type)
+        except Exception:  # noqa: BLE001 - a warm-up only: the real load reports any problem
+            logger.debug("standby: nothing warmed up for %s", model_dir, exc_info=True)
+    line = sys.stdin.readline()
+    return EmbeddedEngineConfig.model_validate_json(line) if line.strip() else None
+
+
 if __name__ == "__main__":
-    main()
+    if os.environ.get(STANDBY_ENV):
+        if (handed := standby()) is not None:
+            main(handed)
+    else:
+        main()

@@ -9,6 +9,7 @@ in `tx.inference.engines.config`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -27,6 +28,11 @@ class EmbeddedEngineConfig(EngineProcessConfig):
 
     max_batch_size: int = Field(default=32, ge=1, description="most sequences (rows) decoded together")
     batch_wait_s: float = Field(default=0.005, ge=0, description="gather window: wait while requests keep arriving")
+    batching: Literal["continuous", "static"] = Field(
+        default="continuous",
+        description="static: one adapter per batch and no request joins a running one (the engine before "
+        "continuous batching, for benchmarks)",
+    )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads; default: all")
     stash_dir: Path | None = Field(default=None, description="where level-1 sleep stashes weights (private)")
     device: str = Field(default="auto", description="auto (cuda when available, else cpu), cpu, cuda, cuda:N")

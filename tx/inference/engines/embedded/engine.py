@@ -57,7 +57,8 @@ class EmbeddedEngine:
         self.config = config
         self.weights = Weights(config.model_dir, config.max_adapters, config.stash_dir, config.device,
                                config.dtype, config.attn_implementation)
-        self.scheduler = Scheduler(self.weights, config.max_batch_size, config.batch_wait_s)
+        self.scheduler = Scheduler(self.weights, config.max_batch_size, config.batch_wait_s,
+                                   static=config.batching == "static")
         self.receiver = WeightReceiver(self.weights)
         self.vision = vision_processor(config.model_dir)  # None for a text-only model
         self.image_limits = ImageLimits()  # the server checked its own caps; these only bound the work here

@@ -37,8 +37,10 @@ logger = logging.getLogger(__name__)
 class Scheduler:
     """Batches generate requests continuously on one thread; pause, resume and stats for the HTTP layer."""
 
-    def __init__(self, weights: Weights, max_batch_size: int, batch_wait_s: float) -> None:
+    def __init__(self, weights: Weights, max_batch_size: int, batch_wait_s: float, static: bool = False) -> None:
+        """`static`: one adapter per batch, and no request joins a batch that runs (for comparison)."""
         self.weights = weights
+        self.static = static
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.stats = EngineStats()
@@ -184,11 +186,11 @@ class Scheduler:
         """The pending requests that join now, oldest first, as many rows as fit; none while paused."""
         batch = self._batch
         with self._cond:
-            if self._reasons or not self._pending:
+            if self._reasons or not self._pending or (self.static and batch.rows):
                 return []
             free = self.max_batch_size - len(batch.rows)
             adapter = (batch.rows[0] if batch.rows else self._pending[0]).request.adapter
-            mixable = self.weights.mixable
+            mixable = self.weights.mixable and not self.static
             taken: list[Job] = []
             rest: deque[Job] = deque()
             for job in self._pending:
