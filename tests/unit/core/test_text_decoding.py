@@ -36,6 +36,23 @@ def test_pieces_join_to_the_whole_decode(tokenizer: Any) -> None:
     assert "".join(streamed) == text and "\ufffd" not in "".join(streamed)
 
 
+def test_streamed_text_never_passes_a_stop_string(tokenizer: Any) -> None:
+    from tx.core.sampling.text import _choice
+    from tx.core.sampling.text_stream import TextStream
+
+    text = "The cat sat on the mat. STOP here and more text after it"
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    for stops in (("STOP",), ("at.", "zz-never"), ()):
+        stream = TextStream(tokenizer, stops)
+        pieces = [stream.push([token]) for token in tokens]
+        final = _choice(tokenizer, tokens, [0.0] * len(tokens), StopReason.STOP, stops).text
+        sent = "".join(pieces)
+        assert final.startswith(sent) and sent + stream.rest(final) == final
+        assert not any(stop in sent for stop in stops)
+        if not stops:
+            assert sent == text, "without stop strings nothing is held back"
+
+
 class Counting:
     """The real tokenizer, counting the tokens every decode call reads and the threads every call runs on."""
 
@@ -68,7 +85,8 @@ class CannedSampling:
     def __init__(self, length: int, vocab: int) -> None:
         self.length, self.vocab = length, vocab
 
-    async def generate(self, owner: str, base_model: str, weights_dir: Any, label: str, request: Any) -> SampleResult:
+    async def generate(self, owner: str, base_model: str, weights_dir: Any, label: str, request: Any,
+                       on_tokens: Any = None) -> SampleResult:
         rng = random.Random(1)
         sequences = [SampledSequence(tokens=[rng.randrange(self.vocab) for _ in range(self.length)],
                                      logprobs=[-1.0] * self.length, stop_reason=StopReason.LENGTH)

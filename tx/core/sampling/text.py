@@ -106,7 +106,7 @@ class TextSampling:
         `text_stream.py` makes text of them)."""
         request = SampleRequest(prompt=ModelInput.from_tokens(job.tokens), num_samples=job.n, params=job.params)
         result = await self._sampling.generate(job.owner, job.base_model, job.weights_dir, job.label, request,
-                                               on_tokens)
+                                               on_tokens=on_tokens)
         choices = await self._off_loop(job.base_model, lambda: [
             _choice(job.tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, job.params.stop_strings)
             for seq in result.sequences
