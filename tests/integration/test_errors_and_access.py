@@ -186,6 +186,9 @@ REFUSED_CALLS = {
     "infinite learning rate": lambda tc: tc.optim_step(types.AdamParams(learning_rate=float("inf"))),
     "over the context": lambda tc: tc.forward_backward([datum([1] * 2049)], "cross_entropy"),
     "outside the vocabulary": lambda tc: tc.forward_backward([datum([1, 2, 999_999])], "cross_entropy"),
+    "external save to a bad age recipient": lambda tc: tc.save_weights_external(
+        "sealed", age_encryption_recipients=["age1notakey"]),
+    "external save under a bad name": lambda tc: tc.save_weights_external("../up"),
 }
 
 

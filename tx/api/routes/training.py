@@ -135,10 +135,12 @@ async def save_weights_for_sampler(
 
 @router.post("/save_weights_external")
 async def save_weights_external(body: SaveWeightsExternalRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    future = await asyncio.to_thread(
-        ctx.checkpoints.save_weights_external, caller.owner, body.model_id, require_seq(body.seq_id), body.path,
-        body.ttl_seconds, body.age_encryption_recipients,
-    )
+    seq_id = require_seq(body.seq_id)
+    async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
+        future = await asyncio.to_thread(
+            ctx.checkpoints.save_weights_external, caller.owner, body.model_id, seq_id, body.path,
+            body.ttl_seconds, body.age_encryption_recipients,
+        )
     return _answer(future, body.model_id)
 
 
