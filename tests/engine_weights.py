@@ -61,7 +61,8 @@ def random_adapter(reference, seed: int, r: int, lora_alpha: float, targets: lis
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     model.eval()
-    named = [(name, t.detach().contiguous()) for name, t in get_peft_model_state_dict(model).items()]
+    state = get_peft_model_state_dict(model, save_embedding_layers=False)  # LoRA tensors only, as tx pushes
+    named = [(name, t.detach().contiguous()) for name, t in state.items()]
     return model, named
 
 

