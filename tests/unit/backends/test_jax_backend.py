@@ -86,11 +86,12 @@ def rl_data(seed: int) -> list:
     return data
 
 
-@pytest.mark.parametrize(("base", "loss"), [(TINY_NAME, "cross_entropy"), (TINY_NAME, "ppo"), (LLAMA, "cross_entropy")])
+@pytest.mark.parametrize(("base", "loss"), [(TINY_NAME, "cross_entropy"), (TINY_NAME, "ppo"),
+                                           (TINY_NAME, "importance_sampling"), (LLAMA, "cross_entropy")])
 def test_same_weights_same_batch_same_results(pair, tmp_path, base, loss):
     """Logprobs, loss, LoRA gradients and the AdamW step (every AdamParams field set) agree within 1e-4."""
     model_id = twin_runs(pair, base, tmp_path)
-    data = rl_data(seed=3) if loss == "ppo" else sft_data(seed=2, count=3, length=21)
+    data = sft_data(seed=2, count=3, length=21) if loss == "cross_entropy" else rl_data(seed=3)
     request = ForwardBackwardInput(data, loss, {"clip_low_threshold": 0.1} if loss == "ppo" else {})
     results = [backend.forward_backward(model_id, request) for backend in pair]
     assert results[1].metrics["loss:sum"] == pytest.approx(results[0].metrics["loss:sum"], rel=1e-4, abs=1e-4)
