@@ -1,6 +1,9 @@
 """The RL toy task: reward = share of sampled tokens in a fixed 5% of the vocabulary.
 
-Only a working weight sync can learn it: the sampler must sample from the weights just trained.
+Only a working weight sync can learn it: the sampler must sample from the weights just trained. The reward
+stays near 0.05 for a while, then rises to ~1.0 within 3-4 steps; the step (from 0) where it first reaches 0.3
+varies with the samples drawn: 8-15 over 9 runs on each backend here (mean 10.3 with JAX, 10.6 with torch),
+and 19 in one CI run, too late for 20 steps. 30 steps leave room for that tail.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ VOCAB = 2000  # regular tokens of the tiny tokenizer
 GOOD_TOKENS = frozenset(range(0, VOCAB, 20))
 
 
-def run_rl_toy(client: tinker.ServiceClient, base_model: str, steps: int = 20, lr: float = 2e-2,
+def run_rl_toy(client: tinker.ServiceClient, base_model: str, steps: int = 30, lr: float = 2e-2,
                group: int = 16, max_tokens: int = 8, loss_fn: str = "importance_sampling") -> list[float]:
     """Mean reward per step of RL with LoRA rank 8 (`stable_reinforce`: samples recorded, datums with provenance,
     as the cookbook does)."""
