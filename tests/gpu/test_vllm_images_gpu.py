@@ -72,7 +72,7 @@ def engine(vlm_dir, tmp_path_factory):
 
 def _expanded(vlm_dir: Path, *images: bytes):
     from tx.multimodal import expand_input
-    from tx.models.tiny import token_ids
+    from tx.models.tiny_files import token_ids
     from tx.models.tiny_vlm import VISION_END_TOKEN, VISION_START_TOKEN
     from tx.types import ImageChunk, ModelInput, TextChunk
 

@@ -43,7 +43,8 @@ def write_tiny_aria(directory: Path, seed: int = 0) -> Path:
     from transformers import AriaConfig, AriaForConditionalGeneration, AriaTextConfig, GenerationConfig
     from transformers import Idefics3VisionConfig
 
-    from tx.models.tiny import PRESETS, token_ids
+    from tx.models.tiny import PRESETS
+    from tx.models.tiny_files import token_ids
     from tx.models.tokenizer import EOS_TOKEN, PAD_TOKEN, build_tokenizer
 
     directory = Path(directory)

@@ -325,7 +325,7 @@ class QuotaSection(Section):
     custom_losses: int = Field(default=64, ge=1, validation_alias="quota_custom_losses",
                                description="Custom losses a key keeps uploaded (in memory).")
     images_per_request: int = Field(default=16, ge=1, validation_alias="quota_images_per_request",
-                                    description="Images (and asset pointers) in one request.")
+                                    description="Images (and asset pointers) in one sampling prompt or one training datum.")
 
     def as_dict(self) -> dict[str, int]:
         """{quota: limit}."""

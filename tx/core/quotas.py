@@ -32,7 +32,7 @@ UNITS = {
     "sessions": "open sessions", "runs": "loaded training runs", "lora_rank": "LoRA rank over loaded runs",
     "queued_training_bytes": "bytes of queued training requests", "samples_in_flight": "sequences being sampled",
     "checkpoint_bytes": "bytes of checkpoints on disk", "custom_losses": "custom losses",
-    "images_per_request": "images in one request",
+    "images_per_request": "images in one prompt or datum",
 }
 TRANSIENT = frozenset({"queued_training_bytes", "samples_in_flight"})
 _FREE = {

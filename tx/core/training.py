@@ -105,16 +105,20 @@ class TrainingCalls:
 
 
 def measure(batch: ForwardBackwardInput) -> tuple[int, int, int]:
-    """(tokens, bytes, images) of a batch: what fair share charges, what its queue holds, what its quota counts."""
+    """(tokens, bytes, images) of a batch: what fair share charges, what its queue holds, and the most images in one
+    datum (the images quota bounds one sequence, as it bounds one sampling prompt; a batch's total is bounded by
+    its bytes, under the queued-training-bytes quota)."""
     tokens = size = images = 0
     for datum in batch.data:
+        in_datum = 0
         for chunk in datum.model_input.chunks:
             if isinstance(chunk, TextChunk):
                 tokens += chunk.length
                 size += 8 * chunk.length
             else:
-                images += 1
+                in_datum += 1
                 tokens += chunk.expected_tokens or 0
                 size += len(chunk.data) if isinstance(chunk, ImageChunk) else len(chunk.location)
         size += sum(int(getattr(array, "nbytes", 0)) for array in datum.loss_fn_inputs.values())
+        images = max(images, in_datum)
     return tokens, size, images
