@@ -72,7 +72,7 @@ def test_cli_commands(server: TxServer, trained: Trained, tmp_path: Path) -> Non
     doomed = trained.tc.save_state("cli-doomed").result().path
     session = run.split(":")[0]
     out = tinker_cli_batch(server, [
-        ["model", "list"], ["run", "list"], ["run", "info", run],
+        ["model", "list"], ["run", "list", "--limit", "0"], ["run", "info", run],
         ["checkpoint", "list", "--run-id", run], ["checkpoint", "list"],
         ["checkpoint", "set-ttl", state, "--ttl", "7200"], ["checkpoint", "publish", state],
         ["checkpoint", "info", state],
