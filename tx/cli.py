@@ -101,6 +101,12 @@ def _trainer_arguments(p: argparse.ArgumentParser) -> None:
                         "shard only a base that does not fit)")
     p.add_argument("--train-max-sequence-tokens", type=int,
                    help="longest datum accepted for training (default: the model's context)")
+    p.add_argument("--cpu-threads", type=int,
+                   help="CPU threads the trainer and local engines share (default: this machine's CPUs)")
+    p.add_argument("--trainer-threads", type=int,
+                   help="the trainer's threads while a local engine runs (default: what the engines leave)")
+    p.add_argument("--engine-threads", type=int,
+                   help="threads of each local engine (default: cpu threads / (engines + 1))")
 
 
 def _image_arguments(p: argparse.ArgumentParser) -> None:
@@ -192,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from tx.cpu import use_huge_pages
+
+    use_huge_pages()  # before torch loads (it reads this once); engines and trainer workers inherit it
     import uvicorn
 
     from tx.api.app import create_app
@@ -227,6 +236,9 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def engine_serve(args: argparse.Namespace) -> int:
+    from tx.cpu import use_huge_pages
+
+    use_huge_pages()
     from tx.inference.engines.standalone import StandaloneEngine, StandaloneError, vllm_serve_command
     from tx.inference.engines.standalone import serve as serve_engine
     from tx.types import NotFoundError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -15,6 +16,7 @@ import tinker
 from tinker import types
 
 from rl_toy import assert_reward_rose, run_rl_toy
+from tx.cpu import split_threads
 from txserver import API_KEY, TxServer
 
 BASE = "tiny-qwen3"
@@ -171,6 +173,21 @@ def test_killed_engine_is_restarted(sampling_server: TxServer, client: tinker.Se
     assert second.sequences[0].tokens == first.sequences[0].tokens
     new_pid = engines(sampling_server)[0]["pid"]
     assert new_pid != pid
+
+
+def test_the_engine_takes_its_share_of_the_cores(sampling_server: TxServer, client: tinker.ServiceClient) -> None:
+    """The trainer and the engine split the machine's threads (tx/cpu.py): the engine is started with its share,
+    never with every core while the trainer trains on them too."""
+    sampler = client.create_sampling_client(base_model=BASE)
+    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result()
+    environ = dict(
+        entry.split("=", 1) for entry in Path(f"/proc/{engines(sampling_server)[0]['pid']}/environ")
+        .read_text().split("\0") if "=" in entry
+    )
+    share = split_threads(None, 1).engine  # this machine's: 1 of 2 cores here
+    assert json.loads(environ["TX_ENGINE_CONFIG"])["num_threads"] == share
+    assert environ["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", str(share))
+    assert f"the trainer's {split_threads(None, 1).trainer} while a local engine runs" in sampling_server.log()
 
 
 def test_older_sampling_clients_keep_their_weights(client: tinker.ServiceClient) -> None:

@@ -35,6 +35,7 @@ from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
 from tx.config import Settings
 from tx.config.sections import EngineSection
+from tx.cpu import ThreadBudget, split_threads
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.console import ConsoleViews
 from tx.core.checkpoints.files import CheckpointFiles
@@ -99,6 +100,13 @@ def checkpoint_files(root: Path) -> CheckpointFiles:
     return files
 
 
+def thread_budget(settings: Settings, num_engines: int) -> ThreadBudget:
+    """The CPU threads of this machine's trainer and engines (`tx/cpu.py`): Ray places engines itself."""
+    local_engines = num_engines if settings.engines.ray_address is None else 0
+    return split_threads(settings.cpu_threads, local_engines, trainer=settings.trainer.threads,
+                         engine=settings.engines.threads)
+
+
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
@@ -110,10 +118,12 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     with_external = {e.base_model for e in externals}
     num_engines = sum(engines.managed_count(name in with_external) for name in models)
     managed = [path for name, path in models.items() if engines.managed_count(name in with_external)]
+    budget = thread_budget(settings, num_engines)
     launcher = build_launcher(engines, settings.trainer, work_dir=settings.data_dir / "engines",
-                              num_engines=num_engines, colocate=colocate, model_dirs=managed)
+                              num_engines=num_engines, colocate=colocate, model_dirs=managed,
+                              threads=budget.engine)
     backend = create_backend(models, settings.trainer, image_limits=images.limits,
-                             ray_options=trainer_placement(launcher, loop))
+                             ray_options=trainer_placement(launcher, loop), threads=budget.total)
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
     scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
@@ -122,7 +132,10 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
     core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
                           training_lease=manager.training_pass, versions_kept=engines.versions_kept,
-                          limits=settings.quotas)
+                          limits=settings.quotas,
+                          trainer_threads=lambda: budget.trainer_threads(bool(manager.engine_processes())))
+    logger.info("CPU threads: %d; the trainer's %d while a local engine runs; each local engine's %d",
+                budget.total, budget.trainer, budget.engine)
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, core.records, images,
                                access=core.samplers.check_access, admission=sample_admission(settings, models))
     views = RunViews(store, core.base_models.info, {n: tokenizer_id_for(n, p) for n, p in models.items()})

@@ -20,16 +20,19 @@ def create_backend(
     *,
     image_limits: ImageLimits | None = None,
     ray_options: Callable[[int], dict[str, Any]] | None = None,
+    threads: int = 0,
 ) -> TrainingBackend:
     """Build the backend `trainer.backend` names, importing its heavy library only now, on `trainer.device`;
     with `trainer.workers` > 1 the trainer runs on that many worker processes (torch only), Ray actors placed
-    by `ray_options(rank)` if given. "jax" takes the micro-batch budget only."""
+    by `ray_options(rank)` if given. "jax" takes the micro-batch budget only. `threads`: the trainer's CPU
+    threads at start (0: torch's default), split over local workers."""
     trainer = trainer or TrainerSection()
     if trainer.backend == "torch" and trainer.workers > 1:
         from tx.backends.torch.workers import create_workers_backend
 
+        per_worker = max(1, threads // trainer.workers) if threads and ray_options is None else 0
         return create_workers_backend(models, trainer.workers, device=trainer.device, image_limits=image_limits,
-                                      trainer=trainer, ray_options=ray_options)
+                                      trainer=trainer, ray_options=ray_options, threads=per_worker)
     if trainer.backend == "torch":
         from tx.backends.torch.backend import TorchBackend
 

@@ -51,6 +51,11 @@ class TrainingBackend(ABC):
     def close(self) -> None:
         """Release what the backend started (worker processes); called once when the server stops."""
 
+    def use_threads(self, threads: int) -> None:
+        """The CPU threads training passes may use from now on (the trainer's share of the machine's budget,
+        `tx/cpu.py`). Called on the training thread, before a pass, when the share changes; a backend whose
+        thread pools cannot change keeps its own."""
+
     @abstractmethod
     def base_model_info(self, base_model: str) -> BaseModelInfo:
         """Info on a served base model; NotFoundError if it is not served."""

@@ -99,6 +99,11 @@ class Settings(BaseSettings):
         None, ge=1, description="Sequences in flight at one base model's engines at once; the rest wait, and are "
         "let through a key at a time by fair share. Default: twice the engines' batch, per engine.",
     )
+    cpu_threads: int | None = Field(
+        None, ge=1, le=4096, description="CPU threads the trainer and the engines tx starts on this machine share "
+        "(tx/cpu.py; the trainer's and engines' sections say how they split). Default: the CPUs this process "
+        "may run on.",
+    )
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="The trainer.")
     engines: EngineSection = Field(default_factory=EngineSection, description="The inference engines.")
     images: ImagesSection = Field(default_factory=ImagesSection, description="Images in inputs.")

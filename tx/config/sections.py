@@ -111,6 +111,11 @@ class TrainerSection(Section):
         description="Longest datum the trainer accepts; longer ones are refused as a user error. "
         "Default: the model's context length.",
     )
+    threads: int | None = Field(
+        default=None, ge=1, le=4096, validation_alias="trainer_threads",
+        description="The trainer's torch threads while an engine runs on this machine (all of cpu_threads until "
+        "then; trainer workers split them; tx/cpu.py). Default: what the engines leave.",
+    )
     node_labels: NodeLabels = Field(
         default_factory=dict, validation_alias="trainer_node_labels",
         description="With --ray-address and trainer workers: Ray node labels (key=value) the workers' nodes "
@@ -202,6 +207,11 @@ class EngineSection(Section):
         default=8, ge=1, validation_alias="sampler_versions_kept",
         description="Sampler weight versions held per run (every save, also under a name saved before, "
         "is a new version; unnamed ones are also kept on disk); older sampling clients then fail.",
+    )
+    threads: int | None = Field(
+        default=None, ge=1, le=4096, validation_alias="engine_threads",
+        description="Torch threads of each engine tx starts on this machine (tx/cpu.py). Default: "
+        "cpu_threads / (engines + 1).",
     )
     ray_address: str | None = Field(
         default=None, description="Place engines as Ray actors on this cluster ('auto', 'host:port', 'local' "

@@ -3,6 +3,7 @@ lifespan and the in-process tests build them the same way; `tx/api/app.py` adds 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tx.backends.base import TrainingBackend
@@ -43,9 +44,11 @@ class Services:
 def build_services(store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
                    files: CheckpointFiles, signer: DownloadSigner, *, engines: SamplerEngines | None = None,
                    training_lease: Lease | None = None, versions_kept: int = 8,
-                   limits: QuotaLimits | None = None) -> Services:
+                   limits: QuotaLimits | None = None,
+                   trainer_threads: Callable[[], int] | None = None) -> Services:
     """`engines`: where sampler saves go (the engine manager; None: nowhere). `training_lease`: held around
-    each training pass (the manager's, which puts colocated engines to sleep). `limits`: every key's quotas."""
+    each training pass (the manager's, which puts colocated engines to sleep). `limits`: every key's quotas.
+    `trainer_threads`: the trainer's CPU threads now (`tx/cpu.py`; None: the backend keeps its own)."""
     limits = limits or QuotaLimits()
     base_models = BaseModels(backend)
     catalog = CheckpointCatalog(store, files, signer, engines)
@@ -57,7 +60,8 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
     return Services(
         sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs, records], limits=limits),
         runs=runs,
-        training=TrainingCalls(sequencer, backend, custom_losses, catalog, records, training_lease, recorder),
+        training=TrainingCalls(sequencer, backend, custom_losses, catalog, records, training_lease, recorder,
+                               trainer_threads),
         sequencer=sequencer,
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept),
         catalog=catalog,

@@ -4,6 +4,8 @@ Each is checked at submission (`sequencing.py`) and runs on the training thread 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from tx.backends.base import TrainingBackend
 from tx.backends.provenance import apply_records, named_sequences, needs_records
@@ -24,11 +26,15 @@ from tx.types import (
     TextChunk,
 )
 
+T = TypeVar("T")
+
 
 class TrainingCalls:
     def __init__(self, sequencer: Sequencer, backend: TrainingBackend, custom_losses: CustomLosses,
                  catalog: CheckpointCatalog, records: StabilityRecords, training_lease: Lease | None = None,
-                 recorder: MetricsRecorder | None = None) -> None:
+                 recorder: MetricsRecorder | None = None, threads: Callable[[], int] | None = None) -> None:
+        """`threads`: the trainer's share of the machine's CPU threads now (`tx/cpu.py`), asked before each
+        pass; None leaves the backend's threads alone."""
         self.sequencer = sequencer
         self.backend = backend
         self.custom_losses = custom_losses
@@ -38,6 +44,13 @@ class TrainingCalls:
         self.trained_tokens = 0  # target tokens of every forward_backward (not forward-only) run
         self.recorder = recorder  # per-step metrics for the console (None: not recorded)
         self.trained_by_owner: dict[str, int] = {}  # the same, per key (only the training thread writes them)
+        self._threads = threads
+
+    def _pass(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (a backend call, on the training thread) with the trainer's current thread share."""
+        if self._threads is not None:
+            self.backend.use_threads(self._threads())
+        return fn()
 
     def forward_backward(self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput) -> Future:
         run = self.sequencer.store.get_run(model_id, owner)
@@ -55,7 +68,7 @@ class TrainingCalls:
 
         def train() -> ForwardBackwardResult:
             start = time.perf_counter()
-            result = self.backend.forward_backward(model_id, checked[0])
+            result = self._pass(lambda: self.backend.forward_backward(model_id, checked[0]))
             if not batch.forward_only:  # only the training thread writes it
                 tokens = sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
                 self.trained_tokens += tokens
@@ -81,7 +94,7 @@ class TrainingCalls:
 
         def step() -> OptimStepResult:
             start = time.perf_counter()
-            result = self.backend.optim_step(model_id, adam)
+            result = self._pass(lambda: self.backend.optim_step(model_id, adam))
             self._measured(model_id, "optim_step", start, None, result)
             return result
 

@@ -14,7 +14,7 @@ from tx.backends.torch.model import load_causal_lm
 from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.backends.torch.workers.backend import split_by_tokens
-from tx.backends.torch.workers.messages import WireDatum
+from tx.backends.torch.workers.messages import Request, WireDatum
 from tx.backends.torch.workers.policy import base_bytes, too_big
 from tx.types import (
     AdamParams,
@@ -142,6 +142,20 @@ def test_bad_input_is_a_user_error_and_the_group_carries_on(workers):
     assert (
         workers.forward_backward("bad", ce(DATA[:1])).metrics["loss:sum"] > 0
     )  # one datum: one worker idles
+
+
+def test_local_workers_split_the_trainers_threads(tiny_model_dir):
+    """The trainer's share of the CPU threads (tx/cpu.py) reaches every local worker, divided among them."""
+    backend = create_workers_backend({TINY_NAME: tiny_model_dir}, 2, device="cpu", threads=1)
+    try:
+        backend.create_model("t", TINY_NAME, LORA)
+        for share, each in ((4, 2), (1, 1)):
+            backend.use_threads(share)
+            replies = backend._call({rank: (Request(op="threads"), b"") for rank in (0, 1)})  # only asks
+            assert [reply.metrics["threads"] for reply, _ in replies.values()] == [each, each]
+            assert backend.forward_backward("t", ce(DATA)).metrics["loss:sum"] > 0
+    finally:
+        backend.close()
 
 
 def test_split_by_tokens_keeps_order_and_balances():

@@ -96,6 +96,12 @@ class TorchBackend(TrainingBackend):
     def training_device(self) -> str:
         return str(self.device)
 
+    def use_threads(self, threads: int) -> None:
+        # torch's intra-op pool size is per calling thread once it has run an op: set it here, on the training
+        # thread, never from another
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+
     # ---- base models ----
 
     def base_model_info(self, base_model: str) -> BaseModelInfo:

@@ -7,27 +7,39 @@ engines).
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Any
 
 from tx.config.sections import EngineSection, TrainerSection
+from tx.cpu import cpu_ids
+from tx.inference.engines.kinds import engine_kind
 from tx.inference.launch.base import Launcher
-from tx.inference.launch.local import LocalLauncher
+from tx.inference.launch.local import LocalLauncher, engine_env
 
 
 def build_launcher(engines: EngineSection, trainer: TrainerSection, *, work_dir: Path, num_engines: int,
-                   colocate: bool, model_dirs: list[Path] | None = None) -> Launcher:
+                   colocate: bool, model_dirs: list[Path] | None = None,
+                   threads: int | None = None) -> Launcher:
     """`num_engines`: every engine tx starts, over all base models (the Ray placement group's size);
     `colocate`: engines share the trainer's accelerator. The engines' secret is the external engines' when
     given (so that one client talks to all), else a new one. `model_dirs`: the models tx starts engines for
-    (a local launcher's standby imports their classes, with `engines.standby`)."""
+    (a local launcher's standby imports their classes, with `engines.standby`). `threads`: each local engine's
+    CPU threads (the machine's budget, `tx/cpu.py`; None: all; Ray actors get their placement's CPUs)."""
     secret = engines.secret_value() or secrets.token_urlsafe(32)
     options = engine_options(engines, trainer)
     if engines.ray_address is None:
+        kind = engine_kind(engines.kind)
+        env: dict[str, str] = {}
+        if threads is not None:
+            env = {k: v for k, v in engine_env(kind, threads, cpu_ids()).items()
+                   if k not in os.environ}  # the operator's own setting wins
+            if kind.name == "embedded":
+                options["num_threads"] = threads
         standby_for = model_dirs if engines.standby and num_engines and model_dirs else None
-        return LocalLauncher(work_dir, secret, kind=engines.kind, max_adapters=engines.max_adapters,
-                             standby_for=standby_for, **options)
+        return LocalLauncher(work_dir, secret, kind=kind, max_adapters=engines.max_adapters,
+                             standby_for=standby_for, env=env, **options)
     from tx.inference.launch.ray_launcher import RayLauncher
     from tx.ray import connect, import_ray
     from tx.ray.placement import PlacementSpec

@@ -37,18 +37,31 @@ class EngineProcess:
         return self.process.pid
 
 
+def engine_env(kind: EngineKind, threads: int, cpus: list[int]) -> dict[str, str]:
+    """The environment that holds an engine of `kind` to `threads` CPU threads (on CPU). vLLM sets its own
+    thread count from the CPUs it binds to (all of a NUMA node unless told): it gets the last `threads` of
+    `cpus`, the CPUs this process may use."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if kind.name == "vllm":
+        chosen = sorted(cpus)[-threads:] if cpus else list(range(threads))
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(cpu) for cpu in chosen)
+    return env
+
+
 class LocalLauncher:
     """Starts engines of one kind as child processes bound to `host` (loopback or a private address), each
     in a private run directory under `work_dir` (its log, its ready file, the embedded engine's stash)."""
 
     def __init__(self, work_dir: Path, secret: str, *, kind: EngineKind | str = "embedded",
                  host: str = "127.0.0.1", max_adapters: int = 8, startup_timeout_s: float | None = None,
-                 standby_for: list[Path] | None = None, **engine_options: Any) -> None:
+                 standby_for: list[Path] | None = None, env: dict[str, str] | None = None,
+                 **engine_options: Any) -> None:
         """`engine_options`: more fields of the kind's config (embedded: device, dtype, num_threads; vLLM:
         dtype, max_lora_rank, gpu_memory_utilization, extra_args, ...). `startup_timeout_s`: the kind's
         default unless given. A kind that cannot run here (no vLLM) fails now, not at the first sample.
         `standby_for`: start a standby process now (`standby.py`, a kind that has one), its imports done
-        and these models' classes imported; the first engine started takes it."""
+        and these models' classes imported; the first engine started takes it. `env`: added to each engine's
+        environment, the standby's too (its threads: `engine_env`)."""
         self.kind = engine_kind(kind) if isinstance(kind, str) else kind
         self.kind.require()
         self.work_dir = Path(work_dir)
@@ -57,11 +70,12 @@ class LocalLauncher:
         self.max_adapters = max_adapters
         self.startup_timeout_s = startup_timeout_s or self.kind.startup_timeout_s
         self.engine_options = engine_options
+        self.env = dict(env or {})
         self._starting: set[subprocess.Popen] = set()  # spawned, not yet serving
         self._closed = False
         self._standby: Standby | None = None
         if standby_for is not None and self.kind.standby:
-            self._standby = Standby(self.kind, self.work_dir, standby_for)
+            self._standby = Standby(self.kind, self.work_dir, standby_for, self.env)
 
     async def start(self, name: str, model_dir: Path) -> EngineProcess:
         if self._closed:
@@ -91,7 +105,7 @@ class LocalLauncher:
                 process = taken
             else:
                 process, url = await asyncio.to_thread(
-                    start_logged, self.kind, config, log, timeout_s, on_spawn=on_spawn
+                    start_logged, self.kind, config, log, timeout_s, on_spawn=on_spawn, env=self.env
                 )
         except RuntimeError as exc:
             if self._closed:

@@ -29,15 +29,18 @@ logger = logging.getLogger(__name__)
 
 
 class Standby:
-    def __init__(self, kind: EngineKind, work_dir: Path, model_dirs: list[Path]) -> None:
+    def __init__(self, kind: EngineKind, work_dir: Path, model_dirs: list[Path],
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: added to the process's environment (an engine's threads, read as its imports start)."""
         self.kind = kind
         self.run_dir = Path(work_dir) / f"standby-{uuid.uuid4().hex[:8]}"
         self.run_dir.mkdir(parents=True, mode=0o700)
         self.log_path = self.run_dir / "engine.log"
-        env = {**os.environ, STANDBY_ENV: "1", STANDBY_MODELS_ENV: os.pathsep.join(map(str, model_dirs))}
+        environ = {**os.environ, **(env or {}), STANDBY_ENV: "1",
+                   STANDBY_MODELS_ENV: os.pathsep.join(map(str, model_dirs))}
         with open(self.log_path, "ab") as log:
             self.process: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-m", kind.module], env=env, stdin=subprocess.PIPE, stdout=log,
+                [sys.executable, "-m", kind.module], env=environ, stdin=subprocess.PIPE, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         logger.info("%s standby process %d started (imports only, no model)", kind.label, self.process.pid)

@@ -53,5 +53,6 @@ def create_workers_backend(
             return start_group(LocalWorkers(local), "127.0.0.1")
 
     return WorkersBackend(
-        models, start, image_limits=image_limits, max_sequence_tokens=trainer.max_sequence_tokens
+        models, start, image_limits=image_limits, max_sequence_tokens=trainer.max_sequence_tokens,
+        shares_cores=ray_options is None,
     )

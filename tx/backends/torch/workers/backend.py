@@ -69,9 +69,11 @@ class WorkersBackend(LoraFilesBackend):
         *,
         image_limits: ImageLimits | None = None,
         max_sequence_tokens: int | None = None,
+        shares_cores: bool = False,
     ) -> None:
         """`start_group` starts a fresh, joined worker group (on the first call and after a fault);
-        `image_limits` and `max_sequence_tokens` are the trainer's checks on datums (as in `TorchBackend`)."""
+        `image_limits` and `max_sequence_tokens` are the trainer's checks on datums (as in `TorchBackend`);
+        `shares_cores`: the workers run on this machine and split the trainer's threads (`use_threads`)."""
         self._paths = {name: Path(path) for name, path in models.items()}
         self._start_group = start_group
         self._image_limits = image_limits or ImageLimits()
@@ -83,6 +85,8 @@ class WorkersBackend(LoraFilesBackend):
         self._lock = threading.Lock()  # one call on the group at a time
         # the last LoRA gathered (a sampler save reads it twice: files, then the engines), until weights change
         self._gathered: tuple[str, dict[str, torch.Tensor]] | None = None
+        self._shares_cores = shares_cores
+        self._threads: int | None = None  # the trainer's threads the current group was told (None: its spec's)
 
     # ---- base models ----
 
@@ -213,6 +217,13 @@ class WorkersBackend(LoraFilesBackend):
             self._gathered = model_id, tensors.from_bytes(payload)
         yield from self._gathered[1].items()
 
+    def use_threads(self, threads: int) -> None:
+        """Local workers split the trainer's threads (Ray workers keep the CPUs their placement claims)."""
+        if not self._shares_cores or threads == self._threads:
+            return
+        self._all(Request(op="threads", threads=max(1, threads // self._size())))
+        self._threads = threads
+
     def close(self) -> None:
         with self._lock:
             if self._group is not None:
@@ -227,6 +238,7 @@ class WorkersBackend(LoraFilesBackend):
     def _ensure_group(self) -> WorkerGroup:
         if self._group is None:
             self._group = self._start_group()
+            self._threads = None  # a new group starts with its spec's threads
         return self._group
 
     def _all(self, request: Request, payload: bytes = b"") -> tuple[Reply, bytes]:
@@ -239,7 +251,7 @@ class WorkersBackend(LoraFilesBackend):
         with self._lock:
             group = self._ensure_group()
             op = next(iter(messages.values()))[0].op
-            if op not in ("read_lora", "read_state", "forward_backward"):
+            if op not in ("read_lora", "read_state", "forward_backward", "threads"):
                 self._gathered = None  # the weights may change
             try:
                 replies = group.call(messages)

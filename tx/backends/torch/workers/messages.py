@@ -43,6 +43,7 @@ Op = Literal[
     "read_lora",
     "read_state",
     "write_state",
+    "threads",
 ]
 _LENGTH = struct.Struct(">Q")
 _DTYPES = {"float32", "float64", "float16", "int64", "int32", "bool"}
@@ -192,6 +193,7 @@ class Request(BaseModel):
     token: str = Field(default="", repr=False)  # hello, join: what the rendezvous store asks (rendezvous.py)
     directory: str = ""  # write_state: the checkpoint the tensors came from (named in errors)
     optimizer_meta: dict[str, Any] | None = None  # param_groups of an AdamW state (write_state)
+    threads: int = 0  # threads: each worker's torch CPU threads from now on (0: unchanged; replies with them)
 
 
 class Reply(BaseModel):

@@ -74,6 +74,10 @@ class Worker:
         if op == "join":
             self._join(request.address, request.token)
             return Reply(), b""
+        if op == "threads":
+            if request.threads:  # 0: only say how many
+                torch.set_num_threads(request.threads)  # on the thread that runs every pass
+            return Reply(metrics={"threads": torch.get_num_threads()}), b""
         if op == "create_model":
             assert request.lora is not None
             backend = self._backend_for(request.base_model)

@@ -1,0 +1,69 @@
+"""The trainer takes its share of the CPU threads on the training thread: every pass runs with the number the
+budget gives at that moment (`tx/cpu.py`), asked before the pass (the real TorchBackend, the core's scheduler
+and services over a SQLite store; no server)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import torch
+from backend_helpers import TINY_NAME, ce, sft_data
+
+from tx.backends.torch.backend import TorchBackend
+from tx.core.checkpoints.downloads import DownloadSigner
+from tx.core.checkpoints.files import CheckpointFiles
+from tx.core.futures import FutureRegistry
+from tx.core.scheduler import Scheduler
+from tx.core.services import build_services
+from tx.store.store import Store
+from tx.types import AdamParams, ForwardBackwardInput, ForwardBackwardResult, LoraConfig, OptimStepResult
+
+OWNER = "owner"
+
+
+class ThreadsSeen(TorchBackend):
+    """The torch trainer, noting the intra-op threads each pass ran with."""
+
+    seen: list[int]
+
+    def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
+        self.seen.append(torch.get_num_threads())
+        return super().forward_backward(model_id, batch)
+
+    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+        self.seen.append(torch.get_num_threads())
+        return super().optim_step(model_id, adam)
+
+
+def test_each_pass_runs_with_the_share_of_the_moment(tiny_model_dir: Path, tmp_path: Path) -> None:
+    backend = ThreadsSeen({TINY_NAME: tiny_model_dir}, device="cpu")
+    backend.seen = []
+    shares = iter([2, 2, 1, 1])  # say an engine starts after the first step
+
+    async def main() -> None:
+        store = Store.from_url(f"sqlite:///{tmp_path / 'tx.db'}")
+        futures = FutureRegistry(asyncio.get_running_loop(), ttl_s=3600)
+        scheduler = Scheduler(futures, 30)
+        core = build_services(store, backend, futures, scheduler, CheckpointFiles(tmp_path / "ck"),
+                              DownloadSigner(b"k" * 32, 3600), trainer_threads=lambda: next(shares))
+        scheduler.start()
+        try:
+            session = core.sessions.create(OWNER, None, [], {})
+            created = core.runs.create(OWNER, session, 0, TINY_NAME, LoraConfig(rank=4, seed=0), None)
+            model_id = (await futures.wait(created.request_id, OWNER, 60)).result.model_id
+            calls = [core.training.forward_backward(OWNER, model_id, 1, ce(sft_data())),
+                     core.training.optim_step(OWNER, model_id, 2, AdamParams()),
+                     core.training.forward_backward(OWNER, model_id, 3, ce(sft_data())),
+                     core.training.optim_step(OWNER, model_id, 4, AdamParams())]
+            for call in calls:
+                done = await futures.wait(call.request_id, OWNER, 60)
+                assert done.done and done.failure is None, done.failure
+        finally:
+            scheduler.stop(5)
+            store.close()
+
+    mine = torch.get_num_threads()
+    asyncio.run(main())
+    assert backend.seen == [2, 2, 1, 1]
+    assert torch.get_num_threads() == mine  # set on the training thread only

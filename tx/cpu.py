@@ -1,0 +1,92 @@
+"""One machine's CPUs: the thread budget the trainer and the engines on it share, and the allocator setting
+`tx serve` puts in the environment before torch loads. No torch import here: the server reads this first.
+
+The budget (`split_threads`): `total` threads (`--cpu-threads`; default the CPUs this process may run on)
+split between the trainer and the engines tx starts on this machine. Each engine gets `engine` threads
+(`--engine-threads`; default total / (engines + 1)), the trainer `trainer` (`--trainer-threads`; default what
+the engines leave). Engines start lazily, so until one runs the trainer takes the whole `total`
+(`trainer_threads`): a server that only trains uses every core, and one that samples beside its training
+never runs more threads than cores. Two torch thread pools that together ask for more threads than cores
+stall each other at every parallel region (a thread waits at a barrier for one that is not scheduled):
+README.md's "CPU threads" and scripts/bench/train_beside_sampler.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# torch's CPU allocator: tensors of 2 MiB and more on transparent huge pages (madvise). The trainer maps every
+# tensor of 8 MiB and more afresh (`tx/backends/torch/memory.py`); on 4 KiB pages each of those faulted in
+# page by page (the bench step: 69k faults, 12% of its CPU time), on huge pages 7k.
+HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def use_huge_pages(env: MutableMapping[str, str] = os.environ) -> None:
+    """Ask torch for huge pages on large CPU tensors, unless the environment already says. torch reads this
+    once, at its first allocation: call it before torch is imported (child processes inherit it)."""
+    env.setdefault(HUGE_PAGES_ENV, "1")
+
+
+def cpu_ids() -> list[int]:
+    """The CPUs this process may run on (its affinity mask), in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity mask, or fewer under a cgroup CPU quota."""
+    cores = len(cpu_ids())
+    quota = _cgroup_quota()
+    return max(1, min(cores, quota) if quota else cores)
+
+
+def _cgroup_quota(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """Whole CPUs a cgroup v2 quota allows ("max" or no file: None)."""
+    try:
+        limit, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if limit == "max":
+        return None
+    return max(1, int(limit) // int(period))
+
+
+@dataclass(frozen=True)
+class ThreadBudget:
+    total: int  # threads of this machine's trainer and engines together
+    trainer: int  # the trainer's, while an engine runs on this machine
+    engine: int  # each local engine's
+    local_engines: int  # engines tx may start on this machine
+
+    def trainer_threads(self, engines_running: bool) -> int:
+        """The trainer's threads now: the whole budget until an engine runs here, then its share."""
+        return self.trainer if engines_running and self.local_engines else self.total
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.local_engines > 0 and self.trainer + self.engine * self.local_engines > self.total
+
+
+def split_threads(total: int | None, local_engines: int, *, trainer: int | None = None,
+                  engine: int | None = None) -> ThreadBudget:
+    """The budget for `local_engines` engines on this machine beside the trainer; `total`, `trainer` and
+    `engine` override the defaults (module docstring). Overrides that ask for more than `total` are kept, with
+    a warning: the operator chose them."""
+    total = total or usable_cores()
+    if engine is None:
+        engine = max(1, total // (local_engines + 1))
+    if trainer is None:
+        trainer = max(1, total - engine * local_engines)
+    budget = ThreadBudget(total=total, trainer=trainer, engine=engine, local_engines=local_engines)
+    if budget.oversubscribed:
+        logger.warning("thread budget: trainer %d + %d engine(s) x %d threads > %d: they will contend for cores",
+                       trainer, local_engines, engine, total)
+    return budget
