@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import Request
 
+from tx.api.context import Context
 from tx.api.deps import Ctx
 from tx.types import ConflictError, NotFoundError, QuotaExceededError, UserError
 
@@ -27,6 +28,16 @@ async def uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIte
     except (UserError, NotFoundError, ConflictError) as exc:
         if not (isinstance(exc, QuotaExceededError) and exc.transient):
             await asyncio.to_thread(ctx.sequencer.reject, owner, model_id, seq_id)
+        raise
+
+
+@contextlib.contextmanager
+def uses_seq_in_thread(ctx: Context, owner: str, model_id: str, seq_id: int) -> Iterator[None]:
+    """`uses_seq` for a request handled in a worker thread."""
+    try:
+        yield
+    except (UserError, NotFoundError, ConflictError):
+        ctx.sequencer.reject(owner, model_id, seq_id)
         raise
 
 

@@ -59,8 +59,8 @@ class Sequencer:
         )
         if not created:
             return future
-        self.store.touch_run(model_id)
         self.scheduler.submit(model_id, seq_id, Job(future, fn, lease, cost=cost, size=size))
+        self.store.touch_run(model_id)  # after: a store write (a disk sync, ~10 ms) is no part of the step
         return future
 
     def reject(self, owner: str, model_id: str, seq_id: int) -> None:

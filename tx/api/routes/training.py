@@ -6,9 +6,10 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
+from tx.api.context import Context
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.sequencing import require_seq, uses_seq
+from tx.api.sequencing import require_seq, uses_seq, uses_seq_in_thread
 from tx.api.wire.codec import (
     PROTOBUF_CONTENT_TYPE,
     forward_backward_input_from_proto,
@@ -76,15 +77,17 @@ _PROTOBUF_BODY = {"requestBody": {"required": True, "content": {
 @router.post("/forward_backward", openapi_extra=_PROTOBUF_BODY)
 async def forward_backward(request: Request, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     body = await _read_body(request)
-    msg = await asyncio.to_thread(
-        parse_forward_backward_request, body, request.headers.get("content-encoding"),
-        zstd_enabled=ctx.settings.proto_compress_fwdbwd,
-    )
-    async with uses_seq(ctx, caller.owner, msg.model_id, msg.seq_id):
-        batch = await asyncio.to_thread(forward_backward_input_from_proto, msg)
-        future = await asyncio.to_thread(
-            ctx.training.forward_backward, caller.owner, msg.model_id, msg.seq_id, batch
-        )
+    encoding = request.headers.get("content-encoding")
+    return await asyncio.to_thread(_submit_forward_backward, ctx, caller.owner, body, encoding)
+
+
+def _submit_forward_backward(ctx: Context, owner: str, body: bytes, encoding: str | None) -> UntypedAPIFuture:
+    """Decode, check and queue a forward_backward in one worker thread: each hop off the event loop and back
+    waits for a thread to be scheduled, which on a busy CPU box is milliseconds of the step."""
+    msg = parse_forward_backward_request(body, encoding, zstd_enabled=ctx.settings.proto_compress_fwdbwd)
+    with uses_seq_in_thread(ctx, owner, msg.model_id, msg.seq_id):
+        batch = forward_backward_input_from_proto(msg)
+        future = ctx.training.forward_backward(owner, msg.model_id, msg.seq_id, batch)
     return _answer(future, msg.model_id)
 
 
