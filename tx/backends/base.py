@@ -24,7 +24,7 @@ library (torch, jax) only when that backend is asked for.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,20 @@ class TrainingBackend(ABC):
     @abstractmethod
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         """Run the loss on every datum; accumulate gradients unless `batch.forward_only`."""
+
+    def forward_backward_many(
+        self, calls: Sequence[tuple[str, ForwardBackwardInput]]
+    ) -> list[ForwardBackwardResult | Exception]:
+        """Several runs' forward_backward (or forward) calls at once: each call's result, or the error of its own
+        call, in order. Each run's losses, gradients and outputs are its own, as if it ran alone. This default
+        runs them in turns; a backend that trains runs on one base model in the same pass overrides it."""
+        results: list[ForwardBackwardResult | Exception] = []
+        for model_id, batch in calls:
+            try:
+                results.append(self.forward_backward(model_id, batch))
+            except Exception as exc:  # noqa: BLE001 - the call's own failure, reported to its caller
+                results.append(exc)
+        return results
 
     def check_batch(self, base_model: str, batch: ForwardBackwardInput) -> None:
         """Refuse, with a UserError naming the datum, a batch that can never run on `base_model`: an unknown

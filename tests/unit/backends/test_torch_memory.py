@@ -11,7 +11,7 @@ import pytest
 import torch
 from backend_helpers import TINY_NAME, ce, grads, randomize, sft_data, snapshot
 
-from tx.backends.torch import backend as backend_module
+from tx.backends.torch import fused as fused_module
 from tx.backends.torch.memory import TrainerOutOfMemory, activation_bytes_per_token, cuda_micro_batch_tokens
 from tx.config.sections import TrainerSection
 from tx.types import AdamParams, ForwardBackwardInput, LoraConfig, UserError
@@ -32,7 +32,7 @@ def test_out_of_memory_fails_the_request_and_the_server_goes_on(tiny_model_dir, 
         randomize(backend, model_id, seed=1)
     backend.forward_backward("a", ce(sft_data(seed=0, count=2, length=9)))
     before = grads(backend, "a")
-    real, calls = backend_module.run_micro_batch, []
+    real, calls = fused_module.run_micro_batch, []
 
     def fake_out_of_memory(*args, **kwargs):  # a fake: the second micro-batch "runs out of memory"
         calls.append(1)
@@ -40,16 +40,45 @@ def test_out_of_memory_fails_the_request_and_the_server_goes_on(tiny_model_dir, 
             raise MemoryError("fake allocation failure")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(backend_module, "run_micro_batch", fake_out_of_memory)
+    monkeypatch.setattr(fused_module, "run_micro_batch", fake_out_of_memory)
     with pytest.raises(TrainerOutOfMemory, match=r"micro-batches of up to 16 tokens.*fake allocation failure"):
         backend.forward_backward("a", ce(sft_data(seed=1, count=3, length=9)))  # 3 micro-batches
     assert calls == [1, 1]
     after = grads(backend, "a")  # the first micro-batch's gradients were taken back
     assert all(torch.equal(before[name], after[name]) for name in before)
-    monkeypatch.setattr(backend_module, "run_micro_batch", real)
+    monkeypatch.setattr(fused_module, "run_micro_batch", real)
     assert np.isfinite(backend.forward_backward("a", ce(sft_data(seed=1, count=3, length=9))).metrics["loss:sum"])
     backend.optim_step("a", AdamParams(learning_rate=1e-3))
     assert np.isfinite(backend.forward_backward("b", ce(sft_data(seed=2, count=1, length=9))).metrics["loss:sum"])
+
+
+def test_a_shared_pass_out_of_memory_runs_again_in_turns(tiny_model_dir, monkeypatch):
+    """Runs sharing a pass (fused.py) that runs out of memory: every run's gradients as they were, then each
+    run alone, with the results of each alone."""
+    backend = _backend(tiny_model_dir, micro_batch_tokens=64)
+    for model_id in ("a", "b", "a-twin"):
+        backend.create_model(model_id, TINY_NAME, LORA)
+        randomize(backend, model_id, seed=1)
+    first = ce(sft_data(seed=0, count=2, length=9))
+    backend.forward_backward("a", first)
+    before = grads(backend, "a")
+    real, shared = fused_module.run_parts, []
+
+    def fake_out_of_memory(host, parts):  # a fake: any pass of several runs "runs out of memory"
+        if len(parts) > 1:
+            shared.append(len(parts))
+            raise MemoryError("fake allocation failure")
+        return real(host, parts)
+
+    monkeypatch.setattr(fused_module, "run_parts", fake_out_of_memory)
+    second = ce(sft_data(seed=1, count=2, length=9))
+    results = backend.forward_backward_many([("a", second), ("b", ce(sft_data(seed=2, count=1, length=9)))])
+    assert shared == [2] and not any(isinstance(r, Exception) for r in results)
+    backend.forward_backward("a-twin", first)
+    want = backend.forward_backward("a-twin", second)
+    assert results[0].metrics["loss:sum"] == pytest.approx(want.metrics["loss:sum"], rel=1e-6)
+    twin = grads(backend, "a-twin")
+    assert all(torch.allclose(grads(backend, "a")[n], twin[n], atol=1e-6) for n in before)
 
 
 def test_sequences_over_the_cap_are_refused(tiny_model_dir):

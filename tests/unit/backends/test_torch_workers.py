@@ -13,7 +13,7 @@ from backend_helpers import TINY_NAME, ce, sft_data, snapshot
 from tx.backends.torch.model import load_causal_lm
 from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
-from tx.backends.torch.workers.backend import split_by_tokens
+from tx.backends.torch.workers.shares import split_by_tokens
 from tx.backends.torch.workers.messages import Request, WireDatum
 from tx.backends.torch.workers.policy import base_bytes, too_big
 from tx.types import (
@@ -123,6 +123,34 @@ def test_a_step_some_workers_have_no_gradients_for_matches_one_process(backend, 
         assert trainer.optim_step(model, STEPS[0]).metrics["grad_norm"] == 0.0
     assert_same_weights(snapshot(backend, "one"), dict(workers.iter_trainable_weights("partial")))
     workers.delete_model("partial")
+
+
+def test_several_runs_in_one_call_train_exactly_like_one_process(backend, workers):
+    """forward_backward_many on 2 workers (held whole: the runs share each worker's passes; sharded: each run its
+    own) against each run alone in one process; a refused call fails alone, a one-datum call leaves a worker idle."""
+    loras = [LORA, LoraConfig(rank=2, seed=4, train_mlp=False)]
+    for i, lora in enumerate(loras):
+        backend.create_model(f"one-{i}", TINY_NAME, lora)
+        workers.create_model(f"many-{i}", TINY_NAME, lora)
+    try:
+        for data in (DATA, DATA[:1]):
+            calls = [(f"many-{i}", ce(data)) for i in range(2)] + [("many-0", ce([]))]
+            results = workers.forward_backward_many(calls)
+            assert isinstance(results[2], UserError)
+            for i in range(2):
+                want = backend.forward_backward(f"one-{i}", ce(data))
+                got = results[i]
+                assert not isinstance(got, Exception), got
+                assert got.metrics["loss:sum"] == pytest.approx(want.metrics["loss:sum"], rel=1e-5)
+                for g, w in zip(got.loss_fn_outputs, want.loss_fn_outputs, strict=True):
+                    np.testing.assert_allclose(g["logprobs"], w["logprobs"], atol=1e-5)
+        for i in range(2):
+            got = workers.optim_step(f"many-{i}", STEPS[0]).metrics["grad_norm"]
+            assert got == pytest.approx(backend.optim_step(f"one-{i}", STEPS[0]).metrics["grad_norm"], rel=1e-5)
+            assert_same_weights(snapshot(backend, f"one-{i}"), dict(workers.iter_trainable_weights(f"many-{i}")))
+    finally:
+        for i in range(2):
+            workers.delete_model(f"many-{i}")
 
 
 def test_auto_holds_a_base_that_fits_whole(tiny_model_dir):

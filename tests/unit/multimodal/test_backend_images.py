@@ -110,3 +110,34 @@ def test_micro_batched_images_equal_one_pass(vlm_dir) -> None:
     for name, want in one_grads.items():
         error, scale = float((micro_grads[name] - want).abs().max()), max(1.0, float(want.abs().max()))
         assert error <= 1e-5 * scale, f"{name}: {error} at scale {scale}"
+
+
+def test_runs_with_images_in_one_pass_equal_each_alone(backend) -> None:
+    """Padded rows with images (a vision-language model): two runs in one pass, each as alone (tx/backends/torch/
+    fused.py stacks the rows, concatenates the images in row order and pads the token types)."""
+    backend.create_model("other", "vlm", LoraConfig(rank=4, seed=1))
+    backend.create_model("other-alone", "vlm", LoraConfig(rank=4, seed=1))
+    text_only = Datum(ModelInput.from_tokens([5, 6, 7, 8]), {"target_tokens": np.array([6, 7, 8, 9]),
+                                                            "weights": np.ones(4, np.float32)})
+    mine = ForwardBackwardInput([datum((255, 0, 0)), text_only], "cross_entropy")
+    theirs = ForwardBackwardInput([datum((0, 0, 255), (32, 32), 64, prefix=(2001, 2003))], "cross_entropy")
+    try:
+        together = backend.forward_backward_many([("run", mine), ("other", theirs)])
+        assert backend._fusion == {"vlm": True}
+        alone = backend.forward_backward("other-alone", theirs)
+        assert not isinstance(together[1], Exception)
+        np.testing.assert_allclose(together[1].loss_fn_outputs[0]["logprobs"],
+                                   alone.loss_fn_outputs[0]["logprobs"], atol=1e-5)
+        for name, grad in backend.gradients("other-alone").items():
+            got = backend.gradients("other")[name]
+            assert (grad is None) == (got is None)
+            if grad is not None:
+                torch.testing.assert_close(got, grad, atol=1e-5, rtol=1e-4, msg=name)
+        first = together[0]
+        assert not isinstance(first, Exception)
+        want = forward(backend, [datum((255, 0, 0)), text_only]).loss_fn_outputs
+        for got, w in zip(first.loss_fn_outputs, want):
+            np.testing.assert_allclose(got["logprobs"], w["logprobs"], atol=1e-5)
+    finally:
+        for model_id in ("other", "other-alone"):
+            backend.delete_model(model_id)

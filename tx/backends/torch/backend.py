@@ -2,10 +2,11 @@
 
 One base model is loaded per served name (on the first run created on it) and shared by every
 run on it; each run is a named PEFT adapter with its own AdamW (see `lora.py`). A request is validated
-whole, then cut into micro-batches of at most `micro_batch_tokens` tokens (`plan.py`), each packed into
-rows (`batch.py`) and run by `step.run_micro_batch`: the body, a chunked head that never holds tokens x
-vocab logits (`logprobs.py`), the loss and its backward. Gradients accumulate in the run's LoRA
-parameters until `optim_step`. The core calls these methods from one thread, one at a time.
+whole, then cut into micro-batches of at most `micro_batch_tokens` tokens (`plan.py`), each laid into
+rows (`batch.py`) and run by `fused.run_calls`: the body, a chunked head that never holds tokens x vocab
+logits (`logprobs.py`), the loss and its backward; several runs' calls on one base model share each pass
+(`forward_backward_many`). Gradients accumulate in the run's LoRA parameters until `optim_step`. The core
+calls these methods from one thread, one at a time.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +25,10 @@ from tx.backends.datums import DatumRules, check_custom_inputs
 from tx.backends.lora_files import check_compatible
 from tx.backends.losses import batch_loss
 from tx.backends.torch import checkpoint
-from tx.backends.torch.batch import PreparedDatum, build_micro_batch, prepare_data
-from tx.backends.torch.custom_loss import (
-    CompiledLoss,
-    compile_loss,
-    reduce_metrics,
-    run_on_data,
-)
-from tx.backends.torch.custom_loss_limits import LossBudget
+from tx.backends.torch.batch import PreparedDatum, prepare_data
+from tx.backends.torch.custom_loss import compile_loss
+from tx.backends.torch.fused import Call, plan, run_calls
+from tx.backends.torch.fusion_check import fuses_exactly
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.memory import (
     OUT_OF_MEMORY,
@@ -43,10 +40,8 @@ from tx.backends.torch.memory import (
 from tx.backends.torch.model import load_causal_lm, read_model_info
 from tx.backends.torch.optim import adam_step, new_optimizer
 from tx.backends.torch.packing import choose_packing
-from tx.backends.torch.plan import plan_micro_batches
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
-from tx.backends.torch.step import CustomStep, run_micro_batch
 from tx.config.sections import TrainerSection
 from tx.multimodal import ImageLimits, vision_processor
 from tx.devices import resolve_device
@@ -55,7 +50,6 @@ from tx.types import (
     BaseModelInfo,
     ConflictError,
     CustomLoss,
-    Datum,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
@@ -92,6 +86,7 @@ class TorchBackend(TrainingBackend):
         self._infos: dict[str, BaseModelInfo] = {}
         self._hosts: dict[str, AdapterHost] = {}
         self._runs: dict[str, Run] = {}
+        self._fusion: dict[str, bool] = {}  # base model -> its runs share passes (`fusion_check.py`)
 
     def training_device(self) -> str:
         return str(self.device)
@@ -133,8 +128,7 @@ class TorchBackend(TrainingBackend):
 
     def _plan(self, base_model: str, items: list[PreparedDatum]) -> list[list[int]]:
         """The micro-batches of `items` (indices), for the base model's rows (packed or padded)."""
-        padded = self._hosts[base_model].packing == "padded"
-        return plan_micro_batches([item.num_tokens for item in items], self._budgets[base_model], padded)
+        return plan(self._hosts[base_model], items, self._budgets[base_model])
 
     def _torch_dtype(self) -> torch.dtype:
         """The base weights' dtype (the settings are resolved for the device)."""
@@ -178,10 +172,49 @@ class TorchBackend(TrainingBackend):
     # ---- training ----
 
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
-        start = time.perf_counter()
         run = self._run(model_id)
+        return self._train(run.base_model, [(run, self._call(run, batch))])[0]
+
+    def forward_backward_many(
+        self, calls: Sequence[tuple[str, ForwardBackwardInput]]
+    ) -> list[ForwardBackwardResult | Exception]:
+        """Runs on one base model share one pass (`fused.py`) where the model allows it (`fusion_check.py`).
+        A call refused by its own checks fails alone; a shared pass that fails (out of memory, a custom loss's
+        error) is run again in turns, so each call gets its own result or error."""
+        results: list[ForwardBackwardResult | Exception | None] = [None] * len(calls)
+        ready: dict[tuple[str, bool], list[tuple[int, Run, Call]]] = {}
+        for index, (model_id, batch) in enumerate(calls):
+            try:
+                run = self._run(model_id)
+                key = (run.base_model, batch.forward_only)
+                ready.setdefault(key, []).append((index, run, self._call(run, batch)))
+            except (UserError, NotFoundError) as exc:
+                results[index] = exc
+        for (base_model, _), group in ready.items():
+            shared = len(group) > 1 and self._fuses(base_model)
+            for passes in [group] if shared else [[one] for one in group]:
+                for (index, _, _), result in zip(passes, self._pass(base_model, passes), strict=True):
+                    results[index] = result
+        return [result for result in results if result is not None]
+
+    def _pass(self, base_model: str, group: list[tuple[int, Run, Call]]) -> list[ForwardBackwardResult | Exception]:
+        try:
+            return list(self._train(base_model, [(run, call) for _, run, call in group]))
+        except Exception as exc:  # noqa: BLE001 - each call's own outcome, below or in turns
+            if len(group) == 1:
+                return [exc]
+            logger.warning("%s: a pass of %d runs failed (%s); running them in turns", base_model, len(group), exc)
+        return [result for one in group for result in self._pass(base_model, [one])]
+
+    def _fuses(self, base_model: str) -> bool:
+        if base_model not in self._fusion:
+            vision = vision_processor(self._paths[base_model])
+            self._fusion[base_model] = fuses_exactly(self._hosts[base_model], self.device, vision, base_model)
+        return self._fusion[base_model]
+
+    def _call(self, run: Run, batch: ForwardBackwardInput) -> Call:
+        """`batch` checked as the model sees it (UserError naming the datum), ready to run."""
         custom = compile_loss(batch.custom_loss) if batch.custom_loss is not None else None
-        limits = LossBudget()  # the custom loss's limits, over every micro-batch of this call
         loss_fn, config = batch_loss(batch)
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
         items = prepare_data(
@@ -189,36 +222,31 @@ class TorchBackend(TrainingBackend):
         )
         if batch.custom_loss is not None:
             check_custom_inputs(batch.custom_loss, batch.data)
-        host, budget = self._hosts[run.base_model], self._budgets[run.base_model]
-        packed = host.packing != "padded"
-        groups = self._plan(run.base_model, items)
-        saved = None if batch.forward_only else _grads(run)
+        return Call(run.adapter, items, batch.data, loss_fn, config, custom, batch.forward_only)
+
+    def _train(self, base_model: str, calls: list[tuple[Run, Call]]) -> list[ForwardBackwardResult]:
+        """The calls' pass(es) on `base_model`. On any failure every run's gradients are left as they were
+        (out of memory: TrainerOutOfMemory, the server goes on)."""
+        start, names = time.perf_counter(), ", ".join(run.model_id for run, _ in calls)
+        host, budget = self._hosts[base_model], self._budgets[base_model]
+        saved = [None if call.forward_only else _grads(run) for run, call in calls]
+        message = None
         try:
-            outputs: list[dict[str, Any]] = [{} for _ in items]
-            loss, sums = 0.0, {}
-            for group in groups:
-                micro = build_micro_batch([items[i] for i in group], self.device, vision, packed=packed)
-                step = None if custom is None else _custom_step(custom, [batch.data[i] for i in group], self.device,
-                                                                 limits)
-                result = run_micro_batch(host, run.adapter, micro, loss_fn, config, batch.forward_only, step)
-                for index, logprobs in zip(group, result.logprobs, strict=True):
-                    outputs[index]["logprobs"] = logprobs
-                loss += result.loss
-                sums = {key: sums.get(key, 0.0) + value for key, value in result.metrics.items()}
-                del micro, result
+            results = run_calls(host, [call for _, call in calls], budget, self.device,
+                                vision_processor(self._paths[base_model]))
         except OUT_OF_MEMORY as exc:
             message = out_of_memory_message(exc, self.device, budget)
+        except Exception:
+            _restore_all(calls, saved)
+            raise
         else:
-            elapsed = time.perf_counter() - start
-            logger.debug("forward_backward %s: %d datums, %d micro-batches in %.3fs",
-                         model_id, len(outputs), len(groups), elapsed)
-            metrics = {"loss:sum": loss, **reduce_metrics(sums, len(outputs))}
-            return ForwardBackwardResult(loss_fn_outputs=outputs, metrics=metrics)
+            logger.debug("forward_backward %s: %d datums in %.3fs", names,
+                         sum(len(call.items) for _, call in calls), time.perf_counter() - start)
+            return results
         # outside the except block, so nothing refers to the failed step's frames any more
-        if saved is not None:
-            _restore_grads(run, saved)
+        _restore_all(calls, saved)
         release(self.device)
-        logger.error("forward_backward %s: %s", model_id, message)
+        logger.error("forward_backward %s: %s", names, message)
         raise TrainerOutOfMemory(message)
 
     def runs_custom_losses(self) -> bool:
@@ -277,11 +305,6 @@ class TorchBackend(TrainingBackend):
             yield name, param.detach()
 
 
-def _custom_step(loss: CompiledLoss, data: list[Datum], device: torch.device, budget: LossBudget) -> CustomStep:
-    inputs = [datum.loss_fn_inputs for datum in data]
-    return lambda logprobs: run_on_data(loss, logprobs, inputs, device, budget)
-
-
 def _grads(run: Run) -> dict[str, torch.Tensor | None]:
     """Copies of the run's accumulated gradients (LoRA-sized), to undo a step that fails half-way."""
     return {name: None if p.grad is None else p.grad.clone() for name, p in run.params.items()}
@@ -290,6 +313,12 @@ def _grads(run: Run) -> dict[str, torch.Tensor | None]:
 def _restore_grads(run: Run, saved: dict[str, torch.Tensor | None]) -> None:
     for name, param in run.params.items():
         param.grad = saved[name]
+
+
+def _restore_all(calls: list[tuple[Run, Call]], saved: list[dict[str, torch.Tensor | None] | None]) -> None:
+    for (run, _), grads in zip(calls, saved, strict=True):
+        if grads is not None:
+            _restore_grads(run, grads)
 
 
 def _copy_weights(run: Run, weights: dict[str, torch.Tensor], directory: Path) -> None:

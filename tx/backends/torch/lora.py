@@ -92,6 +92,13 @@ class AdapterHost:
             tuner.set_adapter(name)
             self._active = name
 
+    def activate_many(self, names: list[str]) -> None:
+        """Make `names` the adapters of the next pass together, each requiring grads (a fused pass, where
+        `segments.py` gives each its own rows)."""
+        tuner = cast(peft.LoraModel, self.peft_model.base_model)
+        tuner.set_adapter(names)
+        self._active = None
+
     def parameters(self, name: str) -> dict[str, torch.nn.Parameter]:
         """Adapter `name`'s parameters, keyed as in its PEFT adapter file, in a stable order."""
         infix = f".{name}."

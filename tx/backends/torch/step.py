@@ -50,7 +50,6 @@ def run_micro_batch(
 
     With `custom` (an uploaded loss), it replaces `loss_fn` and runs on each datum's logprobs."""
     host.activate(adapter)
-    chunk = chunk_positions(host.vocab_size)
     with torch.no_grad() if forward_only else torch.enable_grad():
         hidden = host.hidden_states(
             micro.input_ids,
@@ -59,6 +58,22 @@ def run_micro_batch(
             vision=micro.vision,
         )
         hidden = hidden.flatten(0, 1).index_select(0, micro.index)  # real positions only, in datum order
+        return head_step(host, hidden, micro, loss_fn, config, forward_only, custom)
+
+
+def head_step(
+    host: AdapterHost,
+    hidden: torch.Tensor,
+    micro: MicroBatch,
+    loss_fn: LossFn,
+    config: Mapping[str, float],
+    forward_only: bool,
+    custom: CustomStep | None = None,
+) -> MicroResult:
+    """From `micro`'s final hidden states (N, H), in datum order: the head, the loss, and (unless `forward_only`)
+    the backward into the active adapter's head and through `hidden`."""
+    chunk = chunk_positions(host.vocab_size)
+    with torch.no_grad() if forward_only else torch.enable_grad():
         if not forward_only and custom is None and loss_fn.name in PER_TOKEN_LOSSES:
             return _per_token_step(hidden, host.unembedding, micro, loss_fn, config, chunk)
         logp = target_logprobs(hidden, host.unembedding, micro.targets, chunk)

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,8 @@ from tx.backends.torch.batch import prepare_data
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.workers import tensors
 from tx.backends.torch.workers.group import Message, WorkerDied, WorkerGroup
-from tx.backends.torch.workers.messages import Reply, Request, WireAdam, WireBatch, WireLora
+from tx.backends.torch.workers.messages import Reply, Request, WireAdam, WireBatch, WireCall, WireLora
+from tx.backends.torch.workers.shares import combine_metrics, split_by_tokens
 from tx.multimodal import ImageLimits, vision_processor
 from tx.types import (
     AdamParams,
@@ -46,7 +47,6 @@ from tx.types import (
     LoraConfig,
     NotFoundError,
     OptimStepResult,
-    TextChunk,
     UserError,
 )
 
@@ -167,6 +167,43 @@ class WorkersBackend(LoraFilesBackend):
             ),
         )
 
+    def forward_backward_many(
+        self, calls: Sequence[tuple[str, ForwardBackwardInput]]
+    ) -> list[ForwardBackwardResult | Exception]:
+        """Every worker gets its share of each call in one message, and trains the runs it holds on one base in
+        one pass (`worker.Worker._many`); a call refused by the checks here fails alone."""
+        results: list[ForwardBackwardResult | Exception | None] = [None] * len(calls)
+        sent: list[tuple[int, list[list[Datum]]]] = []
+        for index, (model_id, batch) in enumerate(calls):
+            try:
+                self._check_batch(self._run(model_id), batch)
+                sent.append((index, split_by_tokens(batch.data, self._size())))
+            except (UserError, NotFoundError) as exc:
+                results[index] = exc
+        if sent:
+            messages = {rank: (Request(op="forward_backward_many", calls=[
+                WireCall(model_id=calls[i][0], batch=WireBatch.of(calls[i][1], shares[rank])) for i, shares in sent
+            ]), b"") for rank in range(self._size())}
+            replies = [reply.calls for reply, _ in (r for _, r in sorted(self._call(messages).items()))]
+            for k, (index, shares) in enumerate(sent):
+                results[index] = self._combine(calls[index][0], [calls_of_rank[k] for calls_of_rank in replies],
+                                               [len(share) for share in shares])
+        return [result for result in results if result is not None]
+
+    def _combine(self, model_id: str, replies: list[Reply], counts: list[int]) -> ForwardBackwardResult | Exception:
+        """One call's result from every rank's reply to it (in rank order)."""
+        errors = [reply for reply in replies if not reply.ok]
+        if errors and len(errors) == len(replies) and all(e.error_kind in _ERRORS for e in errors):
+            return _ERRORS[errors[0].error_kind](errors[0].error)
+        if errors:  # the ranks went apart: their gradients (or collectives) no longer match
+            with self._lock:
+                self._lose_group(f"a trainer worker failed in forward_backward of {model_id}: {errors[0].error}")
+            return RuntimeError(f"trainer worker failed: {errors[0].error}; the trainer workers restart on the "
+                                "next call")
+        outputs = [{k: v.array() for k, v in out.items()} for reply in replies for out in reply.outputs]
+        return ForwardBackwardResult(loss_fn_outputs=outputs,
+                                     metrics=combine_metrics([reply.metrics for reply in replies], counts))
+
     def _check_batch(self, run: _RunInfo, batch: ForwardBackwardInput) -> None:
         """The in-process trainer's checks, on the whole batch, before any worker starts: a rank that refused its
         share while the others ran theirs would leave the ranks' gradients apart (or, sharded, their
@@ -251,7 +288,7 @@ class WorkersBackend(LoraFilesBackend):
         with self._lock:
             group = self._ensure_group()
             op = next(iter(messages.values()))[0].op
-            if op not in ("read_lora", "read_state", "forward_backward", "threads"):
+            if op not in ("read_lora", "read_state", "forward_backward", "forward_backward_many", "threads"):
                 self._gathered = None  # the weights may change
             try:
                 replies = group.call(messages)
@@ -280,45 +317,3 @@ class WorkersBackend(LoraFilesBackend):
             self._lost[model_id] = f"its trainer workers failed ({why})"
         self._runs.clear()
         logger.error("trainer worker group lost (%s); runs lost: %s", why, sorted(self._lost))
-
-
-def split_by_tokens(data: list[Datum], parts: int) -> list[list[Datum]]:
-    """`data` cut into `parts` contiguous shares of about equal token counts (some may be empty)."""
-    sizes = [_tokens(d) for d in data]
-    total, shares, start, seen = sum(sizes), [], 0, 0
-    for part in range(1, parts + 1):
-        end = start
-        while end < len(data) and (part == parts or seen + sizes[end] / 2 <= total * part / parts):
-            seen += sizes[end]
-            end += 1
-        shares.append(data[start:end])
-        start = end
-    return shares
-
-
-def _tokens(datum: Datum) -> int:
-    return sum(
-        len(c.tokens) if isinstance(c, TextChunk) else (c.expected_tokens or 1)
-        for c in datum.model_input.chunks
-    )
-
-
-def combine_metrics(metrics: list[dict[str, float]], counts: list[int]) -> dict[str, float]:
-    """Per-worker `name:reduction` metrics as one: sums add, max/min pick, means weigh by datum count (a
-    worker without datums counts only in sums)."""
-    busy = [m for m, c in zip(metrics, counts) if c] or metrics[:1]
-    counts = [c for c in counts if c] or [0]
-    combined: dict[str, float] = {}
-    for name in busy[0]:
-        values = [m[name] for m in busy if name in m]
-        reduction = name.rsplit(":", 1)[-1]
-        if reduction == "max":
-            combined[name] = max(values)
-        elif reduction == "min":
-            combined[name] = min(values)
-        elif reduction == "mean":
-            weights = [c for m, c in zip(busy, counts) if name in m]
-            combined[name] = sum(v * w for v, w in zip(values, weights)) / max(1, sum(weights))
-        else:
-            combined[name] = sum(values)
-    return combined

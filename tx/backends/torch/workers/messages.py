@@ -39,6 +39,7 @@ Op = Literal[
     "create_model",
     "delete_model",
     "forward_backward",
+    "forward_backward_many",
     "optim_step",
     "read_lora",
     "read_state",
@@ -149,6 +150,13 @@ class WireBatch(BaseModel):
         )
 
 
+class WireCall(BaseModel):
+    """One run's share of a forward_backward_many (several runs' calls in one pass where they share a base)."""
+
+    model_id: str
+    batch: WireBatch
+
+
 class WireLora(BaseModel):
     rank: int
     seed: int
@@ -188,6 +196,7 @@ class Request(BaseModel):
     base_model: str = ""
     lora: WireLora | None = None
     batch: WireBatch | None = None
+    calls: list[WireCall] = Field(default_factory=list)  # forward_backward_many
     adam: WireAdam | None = None
     address: str = ""  # hello: the host to open the rendezvous store on; join: that store's host:port
     token: str = Field(default="", repr=False)  # hello, join: what the rendezvous store asks (rendezvous.py)
@@ -204,6 +213,7 @@ class Reply(BaseModel):
     outputs: list[dict[str, WireArray]] = Field(default_factory=list)
     optimizer_meta: dict[str, Any] | None = None
     address: str = ""  # hello: where this worker's rendezvous store listens (rank 0)
+    calls: list[Reply] = Field(default_factory=list)  # forward_backward_many: each call's, in order
 
 
 def write_frame(stream: IO[bytes], header: BaseModel, payload: bytes = b"") -> None:

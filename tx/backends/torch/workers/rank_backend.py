@@ -10,6 +10,7 @@ and reading or setting a run's whole LoRA tensors and AdamW state for checkpoint
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -40,6 +41,15 @@ class RankTorchBackend(TorchBackend):
         if not batch.data:
             return ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
         return super().forward_backward(model_id, batch)
+
+    def forward_backward_many(
+        self, calls: Sequence[tuple[str, ForwardBackwardInput]]
+    ) -> list[ForwardBackwardResult | Exception]:
+        """The calls with datums here share passes; one with none answers a zero loss."""
+        busy = [(model_id, batch) for model_id, batch in calls if batch.data]
+        done = iter(super().forward_backward_many(busy))
+        idle = ForwardBackwardResult(loss_fn_outputs=[], metrics={"loss:sum": 0.0})
+        return [next(done) if batch.data else idle for _, batch in calls]
 
     def lora_weights(self, model_id: str) -> dict[str, torch.Tensor]:
         """The run's whole LoRA tensors by PEFT file name (collective when sharded: every rank calls it)."""

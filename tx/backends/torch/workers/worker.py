@@ -33,7 +33,7 @@ from tx.backends.torch.workers.replicated import ReplicatedTorchBackend
 from tx.backends.torch.workers.sharded import ShardedTorchBackend
 from tx.inference.weight_sync.rendezvous import RemoteStore, StoreServer
 from tx.logging import init_logging
-from tx.types import ConflictError, NotFoundError, UserError
+from tx.types import ConflictError, ForwardBackwardInput, ForwardBackwardResult, NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
 ERROR_KINDS: dict[type[Exception], ErrorKind] = {
@@ -84,6 +84,8 @@ class Worker:
             backend.create_model(model_id, request.base_model, request.lora.lora())
             self._runs[model_id] = backend
             return Reply(), b""
+        if op == "forward_backward_many":
+            return Reply(calls=self._many(request)), b""
         backend = self._run(model_id)
         if op == "delete_model":
             if backend is self._replicated:
@@ -92,9 +94,7 @@ class Worker:
             return Reply(), b""
         if op == "forward_backward":
             assert request.batch is not None
-            result = backend.forward_backward(model_id, request.batch.batch())
-            outputs = [{k: WireArray.of(v) for k, v in out.items()} for out in result.loss_fn_outputs]
-            return Reply(metrics=result.metrics, outputs=outputs), b""
+            return _reply(backend.forward_backward(model_id, request.batch.batch())), b""
         if op == "optim_step":
             assert request.adam is not None
             return Reply(metrics=backend.optim_step(model_id, request.adam.adam()).metrics), b""
@@ -117,6 +117,26 @@ class Worker:
             backend.write_weights(model_id, weights, optimizer, Path(request.directory))
             return Reply(), b""
         raise ValueError(f"unknown op {op!r}")
+
+    def _many(self, request: Request) -> list[Reply]:
+        """Each call's reply, in order: runs on bases held whole share passes (one backend for all of them);
+        a sharded run runs its own, in the same order on every rank (its collectives line up)."""
+        replies: list[Reply | None] = [None] * len(request.calls)
+        shared: list[tuple[int, str, ForwardBackwardInput]] = []
+        for index, call in enumerate(request.calls):
+            backend = self._runs.get(call.model_id)
+            if backend is not None and backend is self._replicated:
+                shared.append((index, call.model_id, call.batch.batch()))
+                continue
+            try:
+                replies[index] = _reply(self._run(call.model_id).forward_backward(call.model_id, call.batch.batch()))
+            except Exception as exc:  # noqa: BLE001 - this call's failure, reported with it
+                replies[index] = _failure(exc)
+        if shared and self._replicated is not None:
+            results = self._replicated.forward_backward_many([(model_id, batch) for _, model_id, batch in shared])
+            for (index, _, _), result in zip(shared, results, strict=True):
+                replies[index] = _failure(result) if isinstance(result, Exception) else _reply(result)
+        return [reply for reply in replies if reply is not None]
 
     def _backend_for(self, base_model: str) -> RankTorchBackend:
         """A new sharded backend for one run, or the one shared by runs on bases held whole."""
@@ -157,6 +177,18 @@ class Worker:
         logger.info(
             "trainer worker %d/%d joined (%s on %s)", self.rank, self.world_size, backend, self.device
         )
+
+
+def _reply(result: ForwardBackwardResult) -> Reply:
+    outputs = [{k: WireArray.of(v) for k, v in out.items()} for out in result.loss_fn_outputs]
+    return Reply(metrics=result.metrics, outputs=outputs)
+
+
+def _failure(exc: Exception) -> Reply:
+    kind = ERROR_KINDS.get(type(exc), "server")
+    if kind == "server":
+        logger.error("trainer worker: a call failed: %s: %s", type(exc).__name__, exc)
+    return Reply(ok=False, error=str(exc) if kind != "server" else f"{type(exc).__name__}: {exc}", error_kind=kind)
 
 
 def worker_device(device: str, local_rank: int) -> str:

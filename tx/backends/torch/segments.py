@@ -1,0 +1,159 @@
+"""Several runs' adapters in one pass over the shared base: each run owns a contiguous block of the batch's rows,
+and every LoRA layer applies to a block only its run's adapter (`segmented`).
+
+- A LoRA `Linear` (attention, MLPs, linear attention, MLA projections) runs its base layer ONCE on all rows, then
+  each run's low-rank update on its own rows (a slice, no copy); the updates are concatenated and added, as PEFT
+  adds one adapter's.
+- Any other LoRA layer (PEFT's `ParamWrapper` on fused MoE experts, whose delta is folded into the weight) runs
+  once per block with that block's adapter active: the same work as each run alone, the base weights shared.
+- A layer's input is cut by its leading dimension: the rows, or the rows' tokens flattened (MoE experts see
+  rows x width entries). Tensor arguments with the same leading dimension are cut alike (experts' routing).
+  A layer whose input fits neither raises `SegmentsUnsupported`; `fused.py` checks each base model once
+  (`self_check`) and trains in turns where a family does not fit.
+
+The unembedding is left out (`skip`): the trainer's head runs per run on flat positions (`head_of`). The blocks'
+runs are active together (`AdapterHost.activate_all`), so each run's LoRA parameters get gradients from its own
+rows only: rows never see each other, hence one backward of the runs' summed losses is each run's own backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from peft.tuners.lora.layer import Linear as LoraLinear
+from peft.tuners.lora.layer import LoraLayer
+
+
+class SegmentsUnsupported(RuntimeError):
+    """A LoRA layer's input cannot be cut into the runs' blocks (this family trains runs in turns)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows [start, stop) of the batch go through `adapter`."""
+
+    adapter: str
+    start: int
+    stop: int
+
+
+@dataclass
+class _Pass:
+    blocks: Sequence[Block]
+    rows: int
+    inside: bool = False  # a block of an enclosing LoRA layer is running: nested LoRA layers pass through
+
+
+def lora_layers(model: torch.nn.Module, skip: torch.nn.Module | None = None) -> list[torch.nn.Module]:
+    """Every LoRA layer (a module that is a PEFT `LoraLayer`) of `model` outside `skip`, each once."""
+    skipped = {id(m) for m in skip.modules()} if skip is not None else set()
+    return [m for m in model.modules() if isinstance(m, LoraLayer) and id(m) not in skipped]
+
+
+@contextmanager
+def segmented(layers: Sequence[torch.nn.Module], blocks: Sequence[Block], rows: int) -> Iterator[None]:
+    """While open (the forward AND the backward, which may recompute checkpointed layers), every layer in `layers`
+    applies each block's adapter to its rows only."""
+    state = _Pass(blocks, rows)
+    for layer in layers:
+        original = getattr(type(layer), "forward")
+        setattr(layer, "forward", functools.partial(_forward, layer, original, state))  # the instance's wins
+    try:
+        yield
+    finally:
+        for layer in layers:
+            delattr(layer, "forward")
+
+
+@contextmanager
+def only(layers: Sequence[torch.nn.Module], adapter: str) -> Iterator[None]:
+    """`adapter` alone active on `layers` (LoRA layers: the head's, for one run's positions)."""
+    saved = [_active(layer) for layer in layers]
+    for layer in layers:
+        _activate(layer, [adapter])
+    try:
+        yield
+    finally:
+        for layer, active in zip(layers, saved, strict=True):
+            _activate(layer, active)
+
+
+def _active(layer: torch.nn.Module) -> list[str]:
+    assert isinstance(layer, LoraLayer)
+    return list(layer.active_adapters)
+
+
+def _activate(layer: torch.nn.Module, adapters: list[str]) -> None:
+    """Set a LoRA layer's active adapters for a pass, leaving their requires_grad alone (PEFT's `set_adapter` would
+    also freeze every other adapter's parameters)."""
+    setattr(layer, "_active_adapter", adapters)
+
+
+def _forward(layer: torch.nn.Module, original: Callable[..., torch.Tensor], state: _Pass, x: torch.Tensor,
+             *args: Any, **kwargs: Any) -> torch.Tensor:
+    if state.inside:
+        return original(layer, x, *args, **kwargs)
+    per_row, rest = divmod(x.shape[0], state.rows)
+    if rest or not per_row:
+        raise SegmentsUnsupported(
+            f"{type(layer).__name__} got {x.shape[0]} leading entries for {state.rows} rows"
+        )
+    spans = [(b.adapter, b.start * per_row, b.stop * per_row) for b in state.blocks]
+    if isinstance(layer, LoraLinear) and not layer.merged and not any(a in layer.lora_variant for a, _, _ in spans):
+        return _linear(layer, x, spans, args, kwargs)
+    return _per_block(layer, original, state, x, spans, args, kwargs)
+
+
+def _linear(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]], args: tuple,
+            kwargs: dict[str, Any]) -> torch.Tensor:
+    """PEFT's `Linear.forward` for one adapter, each block's own: the base once, the low-rank updates per block."""
+    result = layer.base_layer(x, *args, **kwargs)
+    if not any(adapter in layer.lora_A for adapter, _, _ in spans):
+        return result
+    updates: list[torch.Tensor | None] = []
+    for adapter, start, stop in spans:
+        if adapter not in layer.lora_A:
+            updates.append(None)
+            continue
+        lora_a, lora_b = layer.lora_A[adapter], layer.lora_B[adapter]
+        rows = layer._cast_input_dtype(x[start:stop], cast(torch.Tensor, lora_a.weight).dtype)
+        updates.append(lora_b(lora_a(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter])
+    dtype = next(u for u in updates if u is not None).dtype
+    filled = [
+        u if u is not None else result.new_zeros((stop - start, *result.shape[1:]), dtype=dtype)
+        for u, (_, start, stop) in zip(updates, spans, strict=True)
+    ]
+    return (result + torch.cat(filled)).to(result.dtype)
+
+
+def _per_block(layer: torch.nn.Module, original: Callable[..., torch.Tensor], state: _Pass, x: torch.Tensor,
+               spans: list[tuple[str, int, int]], args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+    """The layer once per block, with that block's adapter active on it and on the LoRA layers inside it."""
+    nested = lora_layers(layer)
+    saved = [_active(m) for m in nested]
+    leading = x.shape[0]
+    outputs = []
+    state.inside = True
+    try:
+        for adapter, start, stop in spans:
+            for m in nested:
+                _activate(m, [adapter])
+            cut = functools.partial(_cut, leading=leading, start=start, stop=stop)
+            outputs.append(original(layer, x[start:stop], *map(cut, args),
+                                    **{key: cut(value) for key, value in kwargs.items()}))
+    finally:
+        state.inside = False
+        for m, active in zip(nested, saved, strict=True):
+            _activate(m, active)
+    return torch.cat(outputs)
+
+
+def _cut(value: Any, *, leading: int, start: int, stop: int) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == leading:
+        return value[start:stop]
+    return value
