@@ -128,15 +128,15 @@ def run_parts(host: AdapterHost, parts: Sequence[Part]) -> list[MicroResult]:
             torch.no_grad() if forward_only else torch.enable_grad():
         hidden = host.hidden_states(rows.input_ids, position_ids=rows.position_ids,
                                     attention_mask=rows.attention_mask, vision=rows.vision)
-        leaf = hidden.detach().requires_grad_(not forward_only)  # each call's head backward lands here
-        for part, block in zip(parts, blocks, strict=True):
-            mine = leaf[block.start : block.stop, : part.micro.input_ids.shape[1]]
-            mine = mine.flatten(0, 1).index_select(0, part.micro.index)
+        # each call's rows as a leaf of its own: its head's backward lands there, then the body's runs once
+        leaves = [rows_.detach().requires_grad_(not forward_only) for rows_ in hidden.split(rows.counts)]
+        for part, block, leaf in zip(parts, blocks, leaves, strict=True):
+            mine = leaf[:, : part.micro.input_ids.shape[1]].flatten(0, 1).index_select(0, part.micro.index)
             with only(head, block.adapter):
                 results.append(head_step(host, mine, part.micro, part.call.loss_fn, part.call.config,
                                          forward_only, part.custom))
-        if not forward_only and hidden.requires_grad and leaf.grad is not None:
-            hidden.backward(leaf.grad)  # the body's backward, once for every call
+        if not forward_only and hidden.requires_grad:
+            hidden.backward(torch.cat([_grad(leaf) for leaf in leaves]))
     return results
 
 
@@ -154,6 +154,10 @@ class Rows:
     def count(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def counts(self) -> list[int]:
+        return [stop - start for start, stop in self.spans]
+
     @classmethod
     def of(cls, micros: Sequence[MicroBatch]) -> Rows:
         width = max(int(m.input_ids.shape[1]) for m in micros)
@@ -170,6 +174,10 @@ class Rows:
             vision=_stack_vision(micros, width),
             spans=list(zip(starts[:-1], starts[1:], strict=True)),
         )
+
+
+def _grad(leaf: torch.Tensor) -> torch.Tensor:
+    return leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
 
 
 def _positions(micro: MicroBatch) -> torch.Tensor:

@@ -2,8 +2,8 @@
 and every LoRA layer applies to a block only its run's adapter (`segmented`).
 
 - A LoRA `Linear` (attention, MLPs, linear attention, MLA projections) runs its base layer ONCE on all rows, then
-  each run's low-rank update on its own rows (a slice, no copy); the updates are concatenated and added, as PEFT
-  adds one adapter's.
+  each run's low-rank update on its own rows, added to that block's base output as PEFT adds one adapter's; the
+  blocks are joined again with one concatenation.
 - Any other LoRA layer (PEFT's `ParamWrapper` on fused MoE experts, whose delta is folded into the weight) runs
   once per block with that block's adapter active: the same work as each run alone, the base weights shared.
 - A layer's input is cut by its leading dimension: the rows, or the rows' tokens flattened (MoE experts see
@@ -111,24 +111,23 @@ def _forward(layer: torch.nn.Module, original: Callable[..., torch.Tensor], stat
 
 def _linear(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]], args: tuple,
             kwargs: dict[str, Any]) -> torch.Tensor:
-    """PEFT's `Linear.forward` for one adapter, each block's own: the base once, the low-rank updates per block."""
+    """PEFT's `Linear.forward` for one adapter, each block's own: the base once, the low-rank updates per block.
+
+    Blocks are cut with `split` (its backward is one concatenation; slicing each block would zero-fill a
+    whole-batch gradient per block) and joined with one `cat`."""
     result = layer.base_layer(x, *args, **kwargs)
     if not any(adapter in layer.lora_A for adapter, _, _ in spans):
         return result
-    updates: list[torch.Tensor | None] = []
-    for adapter, start, stop in spans:
+    sizes = [stop - start for _, start, stop in spans]
+    outputs = []
+    for (adapter, _, _), rows, base in zip(spans, x.split(sizes), result.split(sizes), strict=True):
         if adapter not in layer.lora_A:
-            updates.append(None)
+            outputs.append(base)
             continue
         lora_a, lora_b = layer.lora_A[adapter], layer.lora_B[adapter]
-        rows = layer._cast_input_dtype(x[start:stop], cast(torch.Tensor, lora_a.weight).dtype)
-        updates.append(lora_b(lora_a(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter])
-    dtype = next(u for u in updates if u is not None).dtype
-    filled = [
-        u if u is not None else result.new_zeros((stop - start, *result.shape[1:]), dtype=dtype)
-        for u, (_, start, stop) in zip(updates, spans, strict=True)
-    ]
-    return (result + torch.cat(filled)).to(result.dtype)
+        rows = layer._cast_input_dtype(rows, cast(torch.Tensor, lora_a.weight).dtype)
+        outputs.append(base + lora_b(lora_a(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter])
+    return torch.cat([out.to(result.dtype) for out in outputs])
 
 
 def _per_block(layer: torch.nn.Module, original: Callable[..., torch.Tensor], state: _Pass, x: torch.Tensor,
@@ -136,16 +135,18 @@ def _per_block(layer: torch.nn.Module, original: Callable[..., torch.Tensor], st
     """The layer once per block, with that block's adapter active on it and on the LoRA layers inside it."""
     nested = lora_layers(layer)
     saved = [_active(m) for m in nested]
-    leading = x.shape[0]
+    sizes = [stop - start for _, start, stop in spans]
+    cut = functools.partial(_cut, leading=x.shape[0], sizes=sizes)
+    blocks_args = list(zip(*map(cut, args), strict=True)) if args else [()] * len(spans)
+    blocks_kwargs = {key: cut(value) for key, value in kwargs.items()}
     outputs = []
     state.inside = True
     try:
-        for adapter, start, stop in spans:
+        for index, ((adapter, _, _), rows) in enumerate(zip(spans, x.split(sizes), strict=True)):
             for m in nested:
                 _activate(m, [adapter])
-            cut = functools.partial(_cut, leading=leading, start=start, stop=stop)
-            outputs.append(original(layer, x[start:stop], *map(cut, args),
-                                    **{key: cut(value) for key, value in kwargs.items()}))
+            outputs.append(original(layer, rows, *blocks_args[index],
+                                    **{key: value[index] for key, value in blocks_kwargs.items()}))
     finally:
         state.inside = False
         for m, active in zip(nested, saved, strict=True):
@@ -153,7 +154,8 @@ def _per_block(layer: torch.nn.Module, original: Callable[..., torch.Tensor], st
     return torch.cat(outputs)
 
 
-def _cut(value: Any, *, leading: int, start: int, stop: int) -> Any:
+def _cut(value: Any, *, leading: int, sizes: list[int]) -> list[Any]:
+    """`value` per block: a tensor with the input's leading dimension split like it, anything else as it is."""
     if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == leading:
-        return value[start:stop]
-    return value
+        return list(value.split(sizes))
+    return [value] * len(sizes)
