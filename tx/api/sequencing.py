@@ -17,6 +17,8 @@ from tx.api.context import Context
 from tx.api.deps import Ctx
 from tx.types import ConflictError, NotFoundError, QuotaExceededError, UserError
 
+REFUSED = (UserError, NotFoundError, ConflictError)  # a request's own 4xx: its seq_id was used all the same
+
 
 @contextlib.asynccontextmanager
 async def uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIterator[None]:
@@ -25,8 +27,8 @@ async def uses_seq(ctx: Ctx, owner: str, model_id: str, seq_id: int) -> AsyncIte
     for a transient quota: the SDK resends the call, with this seq_id, once queued work ran."""
     try:
         yield
-    except (UserError, NotFoundError, ConflictError) as exc:
-        if not (isinstance(exc, QuotaExceededError) and exc.transient):
+    except REFUSED as exc:
+        if not _resent(exc):
             await asyncio.to_thread(ctx.sequencer.reject, owner, model_id, seq_id)
         raise
 
@@ -36,9 +38,15 @@ def uses_seq_in_thread(ctx: Context, owner: str, model_id: str, seq_id: int) -> 
     """`uses_seq` for a request handled in a worker thread."""
     try:
         yield
-    except (UserError, NotFoundError, ConflictError):
-        ctx.sequencer.reject(owner, model_id, seq_id)
+    except REFUSED as exc:
+        if not _resent(exc):
+            ctx.sequencer.reject(owner, model_id, seq_id)
         raise
+
+
+def _resent(exc: Exception) -> bool:
+    """A transient quota's 429: the SDK resends this very call, so its seq_id stays free."""
+    return isinstance(exc, QuotaExceededError) and exc.transient
 
 
 async def reject_seq_of_invalid_body(request: Request, body: object) -> None:

@@ -155,17 +155,7 @@ class WorkersBackend(LoraFilesBackend):
             for rank, share in enumerate(shares)
         }
         replies = self._call(messages)
-        outputs = [
-            {k: v.array() for k, v in out.items()}
-            for rank in sorted(replies)
-            for out in replies[rank][0].outputs
-        ]
-        return ForwardBackwardResult(
-            loss_fn_outputs=outputs,
-            metrics=combine_metrics(
-                [replies[r][0].metrics for r in sorted(replies)], [len(s) for s in shares]
-            ),
-        )
+        return _result([replies[rank][0] for rank in sorted(replies)], [len(share) for share in shares])
 
     def forward_backward_many(
         self, calls: Sequence[tuple[str, ForwardBackwardInput]]
@@ -191,18 +181,8 @@ class WorkersBackend(LoraFilesBackend):
         return [result for result in results if result is not None]
 
     def _combine(self, model_id: str, replies: list[Reply], counts: list[int]) -> ForwardBackwardResult | Exception:
-        """One call's result from every rank's reply to it (in rank order)."""
-        errors = [reply for reply in replies if not reply.ok]
-        if errors and len(errors) == len(replies) and all(e.error_kind in _ERRORS for e in errors):
-            return _ERRORS[errors[0].error_kind](errors[0].error)
-        if errors:  # the ranks went apart: their gradients (or collectives) no longer match
-            with self._lock:
-                self._lose_group(f"a trainer worker failed in forward_backward of {model_id}: {errors[0].error}")
-            return RuntimeError(f"trainer worker failed: {errors[0].error}; the trainer workers restart on the "
-                                "next call")
-        outputs = [{k: v.array() for k, v in out.items()} for reply in replies for out in reply.outputs]
-        return ForwardBackwardResult(loss_fn_outputs=outputs,
-                                     metrics=combine_metrics([reply.metrics for reply in replies], counts))
+        """One call's result from every rank's reply to it (in rank order), or its error."""
+        return self._failure(replies, f"forward_backward of {model_id}") or _result(replies, counts)
 
     def _check_batch(self, run: _RunInfo, batch: ForwardBackwardInput) -> None:
         """The in-process trainer's checks, on the whole batch, before any worker starts: a rank that refused its
@@ -297,17 +277,24 @@ class WorkersBackend(LoraFilesBackend):
                 raise RuntimeError(
                     f"{exc} during {op}; the trainer workers restart on the next call"
                 ) from exc
-        errors = [reply for reply, _ in replies.values() if not reply.ok]
-        if errors and all(reply.error_kind in _ERRORS for reply in errors) and len(errors) == len(replies):
-            raise _ERRORS[errors[0].error_kind](errors[0].error)
-        if errors:
-            with self._lock:
-                self._lose_group(f"a trainer worker failed in {op}: {errors[0].error}")
-            raise RuntimeError(
-                f"trainer worker failed in {op}: {errors[0].error}; the trainer workers restart "
-                "on the next call"
-            )
+        failure = self._failure([reply for reply, _ in replies.values()], op)
+        if failure is not None:
+            raise failure
         return replies
+
+    def _failure(self, replies: list[Reply], what: str) -> Exception | None:
+        """The error of `what` if a rank failed it. A user error every rank gave is that error (every rank
+        rejects bad input the same way, before any collective); any other failure leaves the ranks apart (their
+        gradients, or collectives, no longer match): the group is lost."""
+        errors = [reply for reply in replies if not reply.ok]
+        if not errors:
+            return None
+        if len(errors) == len(replies) and all(reply.error_kind in _ERRORS for reply in errors):
+            return _ERRORS[errors[0].error_kind](errors[0].error)
+        with self._lock:
+            self._lose_group(f"a trainer worker failed in {what}: {errors[0].error}")
+        return RuntimeError(f"trainer worker failed in {what}: {errors[0].error}; the trainer workers restart "
+                            "on the next call")
 
     def _lose_group(self, why: str) -> None:
         if self._group is not None:
@@ -317,3 +304,10 @@ class WorkersBackend(LoraFilesBackend):
             self._lost[model_id] = f"its trainer workers failed ({why})"
         self._runs.clear()
         logger.error("trainer worker group lost (%s); runs lost: %s", why, sorted(self._lost))
+
+
+def _result(replies: list[Reply], counts: list[int]) -> ForwardBackwardResult:
+    """One forward_backward's result from every rank's reply (in rank order; `counts`: each rank's datums)."""
+    outputs = [{k: v.array() for k, v in out.items()} for reply in replies for out in reply.outputs]
+    return ForwardBackwardResult(loss_fn_outputs=outputs,
+                                 metrics=combine_metrics([reply.metrics for reply in replies], counts))

@@ -60,12 +60,8 @@ class Worker:
     def handle(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
         try:
             return self._dispatch(request, payload)
-        except (UserError, NotFoundError, ConflictError) as exc:
-            kind = ERROR_KINDS[type(exc)]
-            return Reply(ok=False, error=str(exc), error_kind=kind), b""
         except Exception as exc:  # noqa: BLE001 - reported to the API process, which fails the call
-            logger.exception("worker %d: %s failed", self.rank, request.op)
-            return Reply(ok=False, error=f"{type(exc).__name__}: {exc}", error_kind="server"), b""
+            return _failure(exc, self.rank, request.op), b""
 
     def _dispatch(self, request: Request, payload: bytes) -> tuple[Reply, bytes]:
         op, model_id = request.op, request.model_id
@@ -131,11 +127,12 @@ class Worker:
             try:
                 replies[index] = _reply(self._run(call.model_id).forward_backward(call.model_id, call.batch.batch()))
             except Exception as exc:  # noqa: BLE001 - this call's failure, reported with it
-                replies[index] = _failure(exc)
+                replies[index] = _failure(exc, self.rank, f"forward_backward of {call.model_id}")
         if shared and self._replicated is not None:
             results = self._replicated.forward_backward_many([(model_id, batch) for _, model_id, batch in shared])
-            for (index, _, _), result in zip(shared, results, strict=True):
-                replies[index] = _failure(result) if isinstance(result, Exception) else _reply(result)
+            for (index, model_id, _), result in zip(shared, results, strict=True):
+                replies[index] = (_failure(result, self.rank, f"forward_backward of {model_id}")
+                                  if isinstance(result, Exception) else _reply(result))
         return [reply for reply in replies if reply is not None]
 
     def _backend_for(self, base_model: str) -> RankTorchBackend:
@@ -184,11 +181,14 @@ def _reply(result: ForwardBackwardResult) -> Reply:
     return Reply(metrics=result.metrics, outputs=outputs)
 
 
-def _failure(exc: Exception) -> Reply:
-    kind = ERROR_KINDS.get(type(exc), "server")
-    if kind == "server":
-        logger.error("trainer worker: a call failed: %s: %s", type(exc).__name__, exc)
-    return Reply(ok=False, error=str(exc) if kind != "server" else f"{type(exc).__name__}: {exc}", error_kind=kind)
+def _failure(exc: Exception, rank: int, what: str) -> Reply:
+    """The reply to a request (or one call of it) that failed: a user's mistake by its kind, anything else the
+    server's (logged here, with its traceback)."""
+    kind = next((kind for error, kind in ERROR_KINDS.items() if isinstance(exc, error)), None)
+    if kind is not None:
+        return Reply(ok=False, error=str(exc), error_kind=kind)
+    logger.error("worker %d: %s failed", rank, what, exc_info=exc)
+    return Reply(ok=False, error=f"{type(exc).__name__}: {exc}", error_kind="server")
 
 
 def worker_device(device: str, local_rank: int) -> str:
