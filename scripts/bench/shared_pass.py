@@ -10,7 +10,9 @@ hits both alike:
   run's rows through its own adapter, tx/backends/torch/fused.py).
 
 Backend level (in this process, no server): the trainer's own gain, without HTTP. Prints JSON per N: aggregate
-trained tokens/s, and the median and worst run's step latency (from the round's start to its optim_step's end).
+trained tokens/s, and the median and worst run's step latency (from the round's start to its optim_step's end);
+and trained tokens per CPU second of this process, which other jobs' load moves far less than wall time (with
+`--threads 1`, the work each way does).
 
 The model: a tiny preset (default "vocab-h64": Qwen3's vocabulary of 151,936 on a two-layer body, what a
 2-core CPU allows at real vocabulary; "bench": the ~21M model of train_step.py), or `--model DIR` (a local
@@ -80,11 +82,14 @@ def measure(backend: TorchBackend, count: int, args: argparse.Namespace) -> dict
         runs.append((model_id, batch_of(i, args.batch, args.seq_len, vocab)))
     latencies: dict[str, list[float]] = {"turns": [], "shared": []}
     rounds: dict[str, list[float]] = {"turns": [], "shared": []}
+    cpu: dict[str, list[float]] = {"turns": [], "shared": []}  # CPU seconds of this process per round
     shared(backend, runs)  # warm-up (and the model's one check, fusion_check.py)
     turns(backend, runs)
     for _ in range(args.rounds):
         for name, way in (("turns", turns), ("shared", shared)):
+            start = time.process_time()
             done = way(backend, runs)
+            cpu[name].append(time.process_time() - start)
             latencies[name] += done
             rounds[name].append(done[-1])
     for model_id, _ in runs:
@@ -96,8 +101,11 @@ def measure(backend: TorchBackend, count: int, args: argparse.Namespace) -> dict
             "tokens_per_s": round(tokens / statistics.median(rounds[name]), 1),
             "step_latency_s_median": round(statistics.median(latencies[name]), 3),
             "step_latency_s_worst": round(max(latencies[name]), 3),
+            "tokens_per_cpu_s": round(tokens / statistics.median(cpu[name]), 1),
         }
     out["throughput_shared_over_turns"] = round(out["shared"]["tokens_per_s"] / out["turns"]["tokens_per_s"], 2)
+    out["tokens_per_cpu_s_shared_over_turns"] = round(
+        out["shared"]["tokens_per_cpu_s"] / out["turns"]["tokens_per_cpu_s"], 2)
     return out
 
 
