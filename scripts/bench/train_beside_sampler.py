@@ -29,10 +29,10 @@ import tinker
 from tinker import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from txserver import TxServer  # noqa: E402
+from txserver import TxServer
 
-from tx.cpu import split_threads, usable_cores  # noqa: E402
-from tx.models import write_tiny_text_model  # noqa: E402
+from tx.cpu import split_threads, usable_cores
+from tx.models import write_tiny_text_model
 
 LR = 1e-4
 

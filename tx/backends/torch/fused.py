@@ -12,6 +12,7 @@ call alone (rows never see each other): `tests/unit/backends/test_fused_pass.py`
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,7 +173,7 @@ class Rows:
             position_ids=torch.cat([_pad_positions(_positions(m), width) for m in micros]) if packed else None,
             attention_mask=masks,
             vision=_stack_vision(micros, width),
-            spans=list(zip(starts[:-1], starts[1:], strict=True)),
+            spans=list(itertools.pairwise(starts)),
         )
 
 

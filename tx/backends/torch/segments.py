@@ -61,7 +61,7 @@ def segmented(layers: Sequence[torch.nn.Module], blocks: Sequence[Block], rows: 
     applies each block's adapter to its rows only."""
     state = _Pass(blocks, rows)
     for layer in layers:
-        original = getattr(type(layer), "forward")
+        original = type(layer).forward
         setattr(layer, "forward", functools.partial(_forward, layer, original, state))  # the instance's wins
     try:
         yield
