@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tx.cpu import use_huge_pages
+
+use_huge_pages()  # as `tx serve` does, before torch loads
 import numpy as np
 import torch
 
