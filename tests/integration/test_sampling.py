@@ -97,6 +97,23 @@ def test_the_first_engine_is_the_standby_started_with_the_server(sampling_server
     assert engines(sampling_server)[0]["pid"] == standby, "the standby process became the engine"
 
 
+def test_the_engine_takes_its_share_of_the_cores(sampling_server: TxServer, client: tinker.ServiceClient) -> None:
+    """The trainer and the engine split the machine's threads (tx/cpu.py): the engine runs with its share, never
+    with every core while the trainer trains on them too; the standby process that became it too (here the first
+    engine is the standby, so it got the share when the server started, before any config)."""
+    sampler = client.create_sampling_client(base_model=BASE)
+    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result()
+    environ = dict(
+        entry.split("=", 1) for entry in Path(f"/proc/{engines(sampling_server)[0]['pid']}/environ")
+        .read_text().split("\0") if "=" in entry
+    )
+    share = split_threads(None, 1).engine  # this machine's: 1 of 2 cores here
+    assert environ["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", str(share))
+    if "TX_ENGINE_CONFIG" in environ:  # a spawned engine (a standby reads its config from its stdin)
+        assert json.loads(environ["TX_ENGINE_CONFIG"])["num_threads"] == share
+    assert f"the trainer's {split_threads(None, 1).trainer} while a local engine runs" in sampling_server.log()
+
+
 Gaps = dict[str, float]  # "sampled" / "prompt" -> largest |sampler - trainer| logprob
 
 
@@ -173,21 +190,6 @@ def test_killed_engine_is_restarted(sampling_server: TxServer, client: tinker.Se
     assert second.sequences[0].tokens == first.sequences[0].tokens
     new_pid = engines(sampling_server)[0]["pid"]
     assert new_pid != pid
-
-
-def test_the_engine_takes_its_share_of_the_cores(sampling_server: TxServer, client: tinker.ServiceClient) -> None:
-    """The trainer and the engine split the machine's threads (tx/cpu.py): the engine is started with its share,
-    never with every core while the trainer trains on them too."""
-    sampler = client.create_sampling_client(base_model=BASE)
-    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result()
-    environ = dict(
-        entry.split("=", 1) for entry in Path(f"/proc/{engines(sampling_server)[0]['pid']}/environ")
-        .read_text().split("\0") if "=" in entry
-    )
-    share = split_threads(None, 1).engine  # this machine's: 1 of 2 cores here
-    assert json.loads(environ["TX_ENGINE_CONFIG"])["num_threads"] == share
-    assert environ["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", str(share))
-    assert f"the trainer's {split_threads(None, 1).trainer} while a local engine runs" in sampling_server.log()
 
 
 def test_older_sampling_clients_keep_their_weights(client: tinker.ServiceClient) -> None:
