@@ -184,9 +184,9 @@ def _reply(result: ForwardBackwardResult) -> Reply:
 def _failure(exc: Exception, rank: int, what: str) -> Reply:
     """The reply to a request (or one call of it) that failed: a user's mistake by its kind, anything else the
     server's (logged here, with its traceback)."""
-    kind = next((kind for error, kind in ERROR_KINDS.items() if isinstance(exc, error)), None)
-    if kind is not None:
-        return Reply(ok=False, error=str(exc), error_kind=kind)
+    for error, kind in ERROR_KINDS.items():
+        if isinstance(exc, error):
+            return Reply(ok=False, error=str(exc), error_kind=kind)
     logger.error("worker %d: %s failed", rank, what, exc_info=exc)
     return Reply(ok=False, error=f"{type(exc).__name__}: {exc}", error_kind="server")
 
