@@ -32,6 +32,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--operator-key", action="append", dest="operator_keys",
                    help="key for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; "
                    "repeatable")
+    p.add_argument("--jwt-auth", action=argparse.BooleanOptionalAction, default=None,
+                   help="clients exchange their key for a short-lived token, as the tinker SDK does (default on)")
+    p.add_argument("--jwt-ttl-s", type=float, help="lifetime of an exchanged token (default 900)")
     p.add_argument("--backend", choices=("torch", "jax"), help="training backend (default torch; jax: the [jax] extra)")
     p.add_argument("--device", help="training device: auto, cpu, cuda, cuda:N")
     p.add_argument("--trainer-workers", type=int,

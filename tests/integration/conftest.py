@@ -22,8 +22,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
 @pytest.fixture(scope="session")
 def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """A tx server whose trainer runs on 2 worker processes (gloo; the tiny base held whole on each, the
-    default); they start on the first run."""
-    args = ["--seq-gap-timeout-s", "3", "--trainer-workers", "2"]
+    default); they start on the first run. Its clients send their API key on every call (no token exchange),
+    so that way of signing in is covered too."""
+    args = ["--seq-gap-timeout-s", "3", "--trainer-workers", "2", "--no-jwt-auth"]
     with TxServer(tmp_path_factory.mktemp("tx-workers"), args=args) as srv:
         yield srv
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from tx.api.auth import KeyChecker, OperatorChecker
+from tx.api.auth import KeyChecker, OperatorChecker, TokenIssuer
 from tx.api.console_engines import EngineRates
 from tx.api.context import Context, Runtime
 from tx.api.errors import install_error_handlers
@@ -24,6 +24,7 @@ from tx.api.routes import (
     custom_losses,
     downloads,
     futures,
+    identity,
     oai,
     runs,
     sampling,
@@ -177,13 +178,15 @@ def create_app(settings: Settings) -> FastAPI:
                 runtime.store.close()
 
     app = FastAPI(title="tx", lifespan=lifespan)
-    app.state.key_checker = KeyChecker(settings.api_keys)
-    app.state.operator_checker = OperatorChecker(settings.api_keys, settings.operator_keys)
+    tokens = TokenIssuer.from_data_dir(settings.data_dir, settings.jwt_ttl_s) if settings.jwt_auth else None
+    app.state.key_checker = keys = KeyChecker(settings.api_keys, settings.operator_keys, tokens)
+    app.state.operator_checker = OperatorChecker(settings.api_keys, keys)
     app.state.metrics = metrics = Metrics()
     app.state.settings = settings
     app.state.engine_rates = EngineRates()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
-    for module in (client, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads, console):
+    for module in (client, identity, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads,
+                   console):
         app.include_router(module.router, prefix="/api/v1")
     if settings.console:
         app.include_router(console_pages.router)

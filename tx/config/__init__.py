@@ -64,6 +64,11 @@ class Settings(BaseSettings):
         description="Keys for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; sent as "
         "X-API-Key or Authorization: Bearer. With API keys and no operator key, those routes are refused.",
     )
+    jwt_auth: bool = Field(
+        True, description="Clients exchange their API key for a short-lived signed token (POST /api/v1/auth/token) "
+        "and send that instead, as the tinker SDK does when a server enables it; keys keep working too.",
+    )
+    jwt_ttl_s: float = Field(900.0, ge=1, le=24 * 3600, description="Lifetime of an exchanged token, in seconds.")
     long_poll_s: float = Field(30.0, gt=0, le=40, description="How long retrieve_future holds a poll.")
     seq_gap_timeout_s: float = Field(
         120.0,

@@ -37,6 +37,7 @@ async def client_config(
     # connection here makes the client close it at once, on its own loop, leaving nothing to tear down.
     response.headers["Connection"] = "close"
     return ClientConfigResponse(
+        pjwt_auth_enabled=ctx.settings.jwt_auth,
         proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd,
         sample_use_retrieve_futures=ctx.settings.sample_use_retrieve_futures,
         custom_loss_server_side=ctx.base_models.runs_custom_losses(),

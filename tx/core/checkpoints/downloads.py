@@ -53,7 +53,7 @@ class DownloadSigner:
 
     @classmethod
     def from_data_dir(cls, data_dir: Path, ttl_s: float) -> DownloadSigner:
-        return cls(_load_or_make_key(data_dir / KEY_FILE), ttl_s)
+        return cls(load_or_make_key(data_dir / KEY_FILE), ttl_s)
 
     def sign(self, scope: LinkScope, now: float | None = None) -> tuple[str, float]:
         """(token, expiry as a unix time) of a link to `scope`."""
@@ -84,7 +84,7 @@ class DownloadSigner:
 KEY_BYTES = 32
 
 
-def _load_or_make_key(path: Path) -> bytes:
+def load_or_make_key(path: Path) -> bytes:
     """The key kept at `path`; a new one (written atomically) when it is missing, empty or malformed."""
     key = _read_key(path)
     if key is not None:
