@@ -21,6 +21,7 @@ from tx.api.routes import (
     client,
     console,
     console_pages,
+    copies,
     custom_losses,
     downloads,
     futures,
@@ -144,7 +145,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
     ctx = Context(
         settings=settings, sessions=core.sessions, runs=core.runs, views=views, training=core.training,
-        sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, samplers=core.samplers,
+        sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, copies=core.copies,
+        samplers=core.samplers,
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
         custom_losses=core.custom_losses, records=core.records, futures=futures_, manager=manager,
         console=ConsoleViews(store, scheduler, futures_),
@@ -185,8 +187,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.engine_rates = EngineRates()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
-    for module in (client, identity, sessions, training, custom_losses, futures, checkpoints, runs, sampling, downloads,
-                   console):
+    for module in (client, identity, sessions, training, custom_losses, futures, checkpoints, copies, runs,
+                   sampling, downloads, console):
         app.include_router(module.router, prefix="/api/v1")
     if settings.console:
         app.include_router(console_pages.router)

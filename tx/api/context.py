@@ -11,6 +11,7 @@ from tx.backends.base import TrainingBackend
 from tx.config import Settings
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
+from tx.core.checkpoints.copies import WeightCopies
 from tx.core.checkpoints.writer import CheckpointWriter
 from tx.core.console import ConsoleViews
 from tx.core.custom_losses import CustomLosses
@@ -43,6 +44,7 @@ class Context:
     sequencer: Sequencer
     checkpoints: CheckpointWriter
     catalog: CheckpointCatalog
+    copies: WeightCopies
     samplers: Samplers
     sampling: SamplingService
     text: TextSampling

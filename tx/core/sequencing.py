@@ -40,6 +40,9 @@ class Sequencer:
         it is refused here, before a future exists, and the route counts its seq_id as used. `cost`: the tokens
         it trains on (fair share); `size`: the bytes it holds while queued (the key's quota)."""
         run = self.store.get_run(model_id, owner)
+        if run.copied_from is not None:
+            raise UserError(f"training run {model_id!r} holds a copy of {run.copied_from} and is never trained; "
+                            "create a training client from its checkpoint")
         if seq_id < 1:
             raise UserError(f"seq_id must be >= 1, got {seq_id}")
         if not self.scheduler.has_model(model_id):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from tx.backends.base import TrainingBackend
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
+from tx.core.checkpoints.copies import WeightCopies
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.checkpoints.writer import CheckpointWriter, SamplerEngines
@@ -34,6 +35,7 @@ class Services:
     sequencer: Sequencer
     checkpoints: CheckpointWriter
     catalog: CheckpointCatalog
+    copies: WeightCopies
     samplers: Samplers
     base_models: BaseModels
     custom_losses: CustomLosses
@@ -65,6 +67,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         sequencer=sequencer,
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept),
         catalog=catalog,
+        copies=WeightCopies(store, catalog),
         samplers=Samplers(store, catalog, base_models, engines),
         base_models=base_models,
         custom_losses=custom_losses,

@@ -313,6 +313,25 @@ class Store:
             )
             return list(db.scalars(query))
 
+    # -- copies (copy_weights) --------------------------------------------------------------
+    def copy_made_for(self, owner: str, request_key: str) -> TrainingRunRow | None:
+        """The run an earlier copy request with this idempotency key made, if any."""
+        with self._tx() as db:
+            return db.scalar(select(TrainingRunRow).where(TrainingRunRow.owner == owner,
+                                                          TrainingRunRow.copy_request == request_key))
+
+    def add_copy(self, session: SessionRow | None, run: TrainingRunRow, checkpoint: CheckpointRow) -> None:
+        """The run holding a copy and its one checkpoint (in a new session, if given), in one transaction."""
+        with self._tx() as db:
+            if db.get(TrainingRunRow, run.run_id) is not None:
+                raise ConflictError(f"training run {run.run_id!r} already exists")
+            if session is not None:
+                db.add(session)
+                db.flush()
+            db.add(run)
+            db.flush()
+            db.add(checkpoint)
+
     # -- sampling sessions ------------------------------------------------------------------
     def create_sampling_session(self, row: SamplingSessionRow) -> SamplingSessionRow:
         with self._tx() as db:

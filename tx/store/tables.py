@@ -46,6 +46,12 @@ class TrainingRunRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_request_time: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     corrupted: Mapped[bool] = mapped_column(Boolean, default=False)
+    # A run made by copy_weights holds the copy (`copied_from`: the source's tinker path) and is never trained;
+    # `copy_request` is the copy's idempotency key, one copy per (owner, key).
+    copied_from: Mapped[str | None] = mapped_column(String(512))
+    copy_request: Mapped[str | None] = mapped_column(String(160))
+
+    __table_args__ = (Index("ix_training_runs_copy_request", "owner", "copy_request", unique=True),)
 
 
 class CheckpointRow(Base):

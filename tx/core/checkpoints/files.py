@@ -100,6 +100,25 @@ class CheckpointFiles:
             shutil.rmtree(tmp, ignore_errors=True)
         return tree_size(final)
 
+    def link_copy(self, source: TinkerPath, dest: TinkerPath) -> int:
+        """Make `dest` a copy of `source` that shares its bytes: every file hard-linked (checkpoint files are
+        never changed in place, only replaced by a new directory), so deleting either leaves the other whole.
+        Returns the copy's size."""
+        root = self.require(source)
+
+        def link(tmp: Path) -> None:
+            for file in sorted(root.rglob("*")):
+                if file.is_symlink():
+                    continue
+                target = tmp / file.relative_to(root)
+                if file.is_dir():
+                    target.mkdir(parents=True, exist_ok=True)
+                else:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(file, target)
+
+        return self.write(dest, link, overwrite=False)
+
     def sweep(self) -> int:
         """Remove what a crashed write left behind; returns how many leftovers were handled."""
         handled = 0
