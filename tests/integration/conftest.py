@@ -29,6 +29,18 @@ def workers_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServe
         yield srv
 
 
+ALICE, BOB, OPERATOR = "tml-alice", "tml-bob", "tml-operator"
+TTL_S = 4
+
+
+@pytest.fixture(scope="session")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """Two tenants and an operator; tokens live TTL_S seconds (so the SDK renews one on every call)."""
+    args = ["--api-key", ALICE, "--api-key", BOB, "--operator-key", OPERATOR, "--jwt-ttl-s", str(TTL_S)]
+    with TxServer(tmp_path_factory.mktemp("tx-keyed"), args=args) as srv:
+        yield srv
+
+
 @pytest.fixture(scope="session")
 def jax_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     """A `tx serve --backend jax` (the [jax] extra), for the tests parametrised with it."""

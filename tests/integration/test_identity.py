@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,12 +16,10 @@ import tinker
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
 
-from conftest import sft_datum
+from conftest import ALICE, BOB, OPERATOR, TTL_S, sft_datum
 from tx.api.auth import owner_of
 from txserver import API_KEY, TxServer
 
-ALICE, BOB, OPERATOR = "tml-alice", "tml-bob", "tml-operator"
-TTL_S = 4
 
 CLI = r"""
 import contextlib, io, json, sys
@@ -41,14 +38,6 @@ for args in json.loads(sys.argv[1]):
     results.append({"args": args, "rc": rc, "out": out.getvalue()})
 print(json.dumps(results))
 """
-
-
-@pytest.fixture(scope="module")
-def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    """Two tenants and an operator; tokens live TTL_S seconds (so the SDK renews one on every call)."""
-    args = ["--api-key", ALICE, "--api-key", BOB, "--operator-key", OPERATOR, "--jwt-ttl-s", str(TTL_S)]
-    with TxServer(tmp_path_factory.mktemp("tx-keyed"), args=args) as srv:
-        yield srv
 
 
 def test_tinker_cli_logs_in_and_says_who_am_i(server: TxServer, tmp_path: Path) -> None:

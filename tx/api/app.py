@@ -18,6 +18,7 @@ from tx.api.limits import BodyLimit
 from tx.api.metrics import Metrics, MetricsMiddleware
 from tx.api.routes import (
     checkpoints,
+    audit,
     client,
     console,
     console_pages,
@@ -37,6 +38,7 @@ from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
 from tx.config import Settings
 from tx.config.sections import EngineSection
+from tx.core.audit import AuditTrail
 from tx.cpu import ThreadBudget, split_threads
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.console import ConsoleViews
@@ -132,9 +134,10 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     manager = build_manager(engines, models, loop, backend.training_device(), launcher, colocate, externals)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)
+    audit = AuditTrail(store, settings.audit_max_entries, settings.audit_retention_days * 86400)
     core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
                           training_lease=manager.training_pass, versions_kept=engines.versions_kept,
-                          limits=settings.quotas,
+                          limits=settings.quotas, audit=audit,
                           trainer_threads=lambda: budget.trainer_threads(bool(manager.engine_processes())))
     logger.info("CPU threads: %d; the trainer's %d while a local engine runs; each local engine's %d",
                 budget.total, budget.trainer, budget.engine)
@@ -148,7 +151,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
         sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, copies=core.copies,
         samplers=core.samplers,
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
-        custom_losses=core.custom_losses, records=core.records, futures=futures_, manager=manager,
+        custom_losses=core.custom_losses, records=core.records, audit=core.audit, futures=futures_,
+        manager=manager,
         console=ConsoleViews(store, scheduler, futures_),
     )
     return ctx, Runtime(store, backend, scheduler, core.recorder)
@@ -187,7 +191,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.engine_rates = EngineRates()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
-    for module in (client, identity, sessions, training, custom_losses, futures, checkpoints, copies, runs,
+    for module in (client, identity, audit, sessions, training, custom_losses, futures, checkpoints, copies, runs,
                    sampling, downloads, console):
         app.include_router(module.router, prefix="/api/v1")
     if settings.console:
@@ -210,6 +214,7 @@ async def _janitor(ctx: Context) -> None:
             await asyncio.to_thread(ctx.catalog.delete_expired)
             await asyncio.to_thread(ctx.records.delete_expired)
             await asyncio.to_thread(ctx.sessions.reap_stale, ctx.settings.session_timeout_s)
+            await asyncio.to_thread(ctx.audit.prune)
         except Exception:  # noqa: BLE001 - the janitor must never die
             logger.exception("janitor pass failed")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from tx.backends.base import TrainingBackend
 from tx.config import Settings
+from tx.core.audit import AuditTrail
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.copies import WeightCopies
@@ -51,6 +52,7 @@ class Context:
     base_models: BaseModels
     custom_losses: CustomLosses
     records: StabilityRecords
+    audit: AuditTrail
     futures: FutureRegistry
     manager: EngineManager
     console: ConsoleViews

@@ -58,7 +58,7 @@ class RunService:
                                with_optimizer: bool) -> Future:
         """create_training_client_from_state[_with_optimizer]: a new run from a checkpoint."""
         live_session(self.store, session_id, owner)
-        source, source_run = self.catalog.readable(owner, path, kinds=("weights",))
+        source, source_run = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
         model_id = model_id_for(session_id, model_seq_id)
 
         def run() -> WeightsLoaded:
@@ -66,7 +66,7 @@ class RunService:
             base_model, lora = self.backend.read_state_config(directory)
             self.backend.create_model(model_id, base_model, lora)
             self.backend.load_state(model_id, directory, with_optimizer=with_optimizer)
-            self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata)
+            self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata, str(source))
             return WeightsLoaded(path=str(source), model_id=model_id)
 
         def rank() -> int:  # read at submission, for the key's quota
@@ -135,8 +135,10 @@ class RunService:
         return lambda: self.backend.delete_model(model_id)
 
     def _record(self, model_id: str, session_id: str, owner: str, base_model: str, lora: LoraConfig,
-                user_metadata: dict[str, Any] | None) -> None:
+                user_metadata: dict[str, Any] | None, source: str | None = None) -> None:
         self.store.create_run(TrainingRunRow(
             run_id=model_id, session_id=session_id, owner=owner, base_model=base_model, lora_rank=lora.rank,
             lora_config=asdict(lora), user_metadata=user_metadata,
         ))
+        self.catalog.audit.record("run_create", owner, run_id=model_id, base_model=base_model, lora_rank=lora.rank,
+                                  **({"from_checkpoint": source} if source else {}))

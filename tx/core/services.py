@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tx.backends.base import TrainingBackend
+from tx.core.audit import AuditTrail
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.copies import WeightCopies
@@ -41,19 +42,20 @@ class Services:
     custom_losses: CustomLosses
     recorder: MetricsRecorder
     records: StabilityRecords
+    audit: AuditTrail
 
 
 def build_services(store: Store, backend: TrainingBackend, futures: FutureRegistry, scheduler: Scheduler,
                    files: CheckpointFiles, signer: DownloadSigner, *, engines: SamplerEngines | None = None,
                    training_lease: Lease | None = None, versions_kept: int = 8,
-                   limits: QuotaLimits | None = None,
+                   limits: QuotaLimits | None = None, audit: AuditTrail | None = None,
                    trainer_threads: Callable[[], int] | None = None) -> Services:
     """`engines`: where sampler saves go (the engine manager; None: nowhere). `training_lease`: held around
     each training pass (the manager's, which puts colocated engines to sleep). `limits`: every key's quotas.
     `trainer_threads`: the trainer's CPU threads now (`tx/cpu.py`; None: the backend keeps its own)."""
     limits = limits or QuotaLimits()
     base_models = BaseModels(backend)
-    catalog = CheckpointCatalog(store, files, signer, engines)
+    catalog = CheckpointCatalog(store, files, signer, engines, audit or AuditTrail(store))
     custom_losses = CustomLosses(store, futures, backend, limits)
     runs = RunService(store, backend, futures, scheduler, catalog, base_models, limits)
     sequencer = Sequencer(store, futures, scheduler, limits)
@@ -65,7 +67,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         training=TrainingCalls(sequencer, backend, custom_losses, catalog, records, training_lease, recorder,
                                trainer_threads),
         sequencer=sequencer,
-        checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept),
+        checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept, catalog.audit),
         catalog=catalog,
         copies=WeightCopies(store, catalog),
         samplers=Samplers(store, catalog, base_models, engines),
@@ -73,4 +75,5 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         custom_losses=custom_losses,
         recorder=recorder,
         records=records,
+        audit=catalog.audit,
     )

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from tx.store.metrics import RunMetricsTable
+from tx.store.audit import AuditLog
 from tx.store.migrate import upgrade_to_head
 from tx.store.overview import Overview
 from tx.store.stability import StabilityRecordStore
@@ -63,6 +64,7 @@ class Store:
         self.metrics = RunMetricsTable(self._sessions)
         self.overview = Overview(self._sessions)
         self.stability = StabilityRecordStore(self._sessions)  # sampled sequences' records (stability.py)
+        self.audit = AuditLog(self._tx)
 
     @classmethod
     def from_url(cls, url: str) -> Store:

@@ -119,3 +119,19 @@ class StabilityRecordRow(Base):
     logprobs: Mapped[bytes] = mapped_column(LargeBinary)  # float32, little-endian
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class AuditRow(Base):
+    """One audit entry: `actor` (a key's owner, or "tx" for the server itself) did `event` to a run, a checkpoint
+    or a key; `subject_owner` is the owner of what it was done to, who may read the entry too."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    event: Mapped[str] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(64), index=True)
+    subject_owner: Mapped[str | None] = mapped_column(String(64), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(128))
+    tinker_path: Mapped[str | None] = mapped_column(String(512))
+    details: Mapped[dict] = mapped_column(JSON, default=dict)

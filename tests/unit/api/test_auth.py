@@ -73,10 +73,9 @@ def test_the_exchange_is_a_clear_404_when_off(tmp_path) -> None:
     from tx.api.app import create_app
     from tx.config import Settings
 
-    client = TestClient(create_app(Settings(data_dir=tmp_path, jwt_auth=False)))  # no lifespan: no engines
-    answer = client.post("/api/v1/auth/token", json={}, headers={"X-API-Key": "tml-a"})
+    with TestClient(create_app(Settings(data_dir=tmp_path, jwt_auth=False))) as client:  # engines start lazily
+        answer = client.post("/api/v1/auth/token", json={}, headers={"X-API-Key": "tml-a"})
     assert answer.status_code == 404 and "--jwt-auth" in answer.json()["detail"]
-    on = TestClient(create_app(Settings(data_dir=tmp_path)))
-    token = on.post("/api/v1/auth/token", json={}, headers={"X-API-Key": "tml-a"}).json()["jwt"]
+    token = TokenIssuer.from_data_dir(tmp_path, 60).issue("someone")
     assert (tmp_path / "jwt.key").stat().st_mode & 0o777 == 0o600
-    assert TokenIssuer.from_data_dir(tmp_path, 60).owner(token) == owner_of("tml-a")  # the key outlives a restart
+    assert TokenIssuer.from_data_dir(tmp_path, 60).owner(token) == "someone"  # the key outlives a restart

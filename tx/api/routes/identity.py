@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, HTTPException, Request
 
 from tx.api.auth import TokenIssuer
-from tx.api.deps import Caller
+from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.auth_schemas import KeyDetails, OrgDetails, SelfApiKeyResponse, UserDetails
 from tx.api.wire.schemas import AuthTokenResponse
@@ -15,13 +17,15 @@ ORG_NAME = "tx"  # tx has no organisations: every key is its own tenant
 
 
 @router.post("/auth/token", responses=error_responses(404))
-async def auth_token(request: Request, caller: Caller) -> AuthTokenResponse:
+async def auth_token(request: Request, ctx: Ctx, caller: Caller) -> AuthTokenResponse:
     """A token for the caller's key (or for the owner of the token presented), valid for --jwt-ttl-s."""
     tokens: TokenIssuer | None = request.app.state.key_checker.tokens
     if tokens is None:
         raise HTTPException(404, "token exchange is off on this server (tx serve --jwt-auth turns it on); "
                                  "send your API key on every request")
-    return AuthTokenResponse(jwt=tokens.issue(caller.owner))
+    token = tokens.issue(caller.owner)
+    await asyncio.to_thread(ctx.audit.record, "key_token_issue", caller.owner, ttl_seconds=tokens.ttl_s)
+    return AuthTokenResponse(jwt=token)
 
 
 @router.get("/auth/apikey/me")

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol
 
+from tx.core.audit import SERVER, AuditTrail
 from tx.core.checkpoints.downloads import DownloadSigner, LinkScope
 from tx.core.checkpoints.files import CheckpointFiles, TinkerPath, validate_ttl
 from tx.core.views import CheckpointView
@@ -36,18 +37,24 @@ class Revoker(Protocol):
 
 class CheckpointCatalog:
     def __init__(self, store: Store, files: CheckpointFiles, signer: DownloadSigner,
-                 engines: Revoker | None = None) -> None:
+                 engines: Revoker | None = None, audit: AuditTrail | None = None) -> None:
         self.store = store
         self.files = files
         self.signer = signer
         self._engines = engines
+        self.audit = audit or AuditTrail(store)
 
-    def readable(self, owner: str, path: str, kinds: tuple[str, ...]) -> tuple[TinkerPath, TrainingRunRow]:
-        """A checkpoint the caller may load or sample (its own, or a published one), and its run."""
+    def readable(self, owner: str, path: str, kinds: tuple[str, ...],
+                 purpose: str | None = None) -> tuple[TinkerPath, TrainingRunRow]:
+        """A checkpoint the caller may load or sample (its own, or a published one), and its run. With a
+        `purpose` (load, sample), the read goes into the audit log."""
         parsed = TinkerPath.parse(path)
         if parsed.kind not in kinds:
             raise UserError(f"{path} is a {parsed.kind} checkpoint; this call needs one of {kinds}")
         row = self.store.get_checkpoint(parsed.run_id, parsed.checkpoint_id, owner, public_ok=True)
+        if purpose is not None:
+            self.audit.record("checkpoint_read", owner, subject_owner=row.owner, run_id=parsed.run_id,
+                              tinker_path=str(parsed), purpose=purpose)
         return parsed, self.store.get_run(parsed.run_id, row.owner)
 
     def list_for_user(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointView], int]:
@@ -60,6 +67,8 @@ class CheckpointCatalog:
         validate_ttl(ttl_s)
         expires = datetime.now(timezone.utc) + timedelta(seconds=ttl_s) if ttl_s is not None else None
         self.store.update_checkpoint(run_id, checkpoint_id, owner, expires_at=expires)
+        self.audit.record("checkpoint_ttl_set", owner, run_id=run_id, tinker_path=str(_path(run_id, checkpoint_id)),
+                          ttl_seconds=ttl_s)
 
     def set_public(self, owner: str, run_id: str, checkpoint_id: str, public: bool) -> None:
         path = _path(run_id, checkpoint_id)
@@ -67,20 +76,27 @@ class CheckpointCatalog:
             raise UserError("external weights are downloaded with signed URLs; publish the weights/ or "
                             "sampler_weights/ checkpoint instead")
         self.store.update_checkpoint(run_id, checkpoint_id, owner, public=public)
+        self.audit.record("checkpoint_publish" if public else "checkpoint_unpublish", owner, run_id=run_id,
+                          tinker_path=str(path))
 
     def delete(self, owner: str, run_id: str, checkpoint_id: str) -> None:
-        path = _path(run_id, checkpoint_id)
-        self.store.delete_checkpoint(run_id, checkpoint_id, owner)
-        if self._engines is not None and path.kind in ("weights", "sampler_weights"):
-            self._engines.revoke(self.files.directory(path), f"{path} was deleted by its owner; sampling clients "
-                                 "made from it can no longer sample")
-        self.files.delete(path)
+        self._delete(owner, run_id, checkpoint_id, "checkpoint_delete", owner)
 
     def delete_expired(self) -> int:
         expired = self.store.expired_checkpoints(datetime.now(timezone.utc))
         for row in expired:
-            self.delete(row.owner, row.run_id, row.checkpoint_id)
+            self._delete(row.owner, row.run_id, row.checkpoint_id, "checkpoint_expire", SERVER)
         return len(expired)
+
+    def _delete(self, owner: str, run_id: str, checkpoint_id: str, event: str, actor: str) -> None:
+        path = _path(run_id, checkpoint_id)
+        self.store.delete_checkpoint(run_id, checkpoint_id, owner)
+        if self._engines is not None and path.kind in ("weights", "sampler_weights"):
+            why = "expired" if event == "checkpoint_expire" else "was deleted by its owner"
+            self._engines.revoke(self.files.directory(path), f"{path} {why}; sampling clients made from it can no "
+                                 "longer sample")
+        self.files.delete(path)
+        self.audit.record(event, actor, subject_owner=owner, run_id=run_id, tinker_path=str(path))
 
     # -- download links ---------------------------------------------------------------------
     def external_weights_links(self, owner: str, run_id: str, checkpoint_id: str) -> tuple[dict[str, str], datetime]:
@@ -97,6 +113,7 @@ class CheckpointCatalog:
             ))
         if not tokens:
             raise NotFoundError(f"checkpoint {path} has no files")
+        self.audit.record("checkpoint_read", owner, run_id=run_id, tinker_path=str(path), purpose="download")
         return tokens, datetime.fromtimestamp(expires, timezone.utc)
 
     def linked_file(self, scope: LinkScope) -> Path:

@@ -67,6 +67,8 @@ class WeightCopies:
             if request_key and (made := self.store.copy_made_for(owner, request_key)) is not None:
                 return _path_of(made)  # the same request, retried while the first was being made
             raise ConflictError(f"training run {run_id!r} already exists") from None
+        self.catalog.audit.record("checkpoint_copy", owner, subject_owner=source_run.owner, run_id=source.run_id,
+                                  tinker_path=str(source), copy=str(dest), with_access_token=reader is not None)
         return str(dest)
 
     def _destination(self, owner: str, target: CopyTarget, source: TinkerPath) -> tuple[SessionRow | None, str]:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from tx.backends.base import TrainingBackend
 from tx.core import quotas
+from tx.core.audit import AuditTrail
 from tx.core.checkpoints.encryption import encrypt_tree, parse_recipients
 from tx.core.checkpoints.files import CheckpointFiles, TinkerPath, validate_name, validate_ttl
 from tx.core.futures import Future
@@ -40,7 +41,9 @@ class SamplerEngines(Protocol):
 
 class CheckpointWriter:
     def __init__(self, sequencer: Sequencer, backend: TrainingBackend, files: CheckpointFiles,
-                 engines: SamplerEngines | None = None, versions_kept: int = 8) -> None:
+                 engines: SamplerEngines | None = None, versions_kept: int = 8,
+                 audit: AuditTrail | None = None) -> None:
+        self.audit = audit
         self.sequencer = sequencer
         self.store = sequencer.store
         self.backend = backend
@@ -144,6 +147,8 @@ class CheckpointWriter:
             created_at=now, expires_at=now + timedelta(seconds=ttl_s) if ttl_s else None,
             user_metadata=user_metadata,
         ), overwrite=True)
+        if self.audit is not None:
+            self.audit.record("checkpoint_save", owner, run_id=path.run_id, tinker_path=str(path), kind=path.kind)
         return size
 
 

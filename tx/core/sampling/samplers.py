@@ -37,7 +37,8 @@ class Samplers:
         live_session(self.store, session_id, owner)
         run_id = weights_dir = None
         if model_path is not None:
-            path, run = self.catalog.readable(owner, model_path, kinds=("sampler_weights", "weights"))
+            path, run = self.catalog.readable(owner, model_path, kinds=("sampler_weights", "weights"),
+                                              purpose="sample")
             if base_model is not None and base_model != run.base_model:
                 raise UserError(f"{model_path} was trained on {run.base_model!r}, not {base_model!r}")
             base_model, run_id = run.base_model, run.run_id

@@ -1,0 +1,56 @@
+"""The audit log through the SDK's AdminClient: each tenant reads what they did and what was done to what they
+own, an operator reads everything; the billing routes are a clear 404."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+import tinker
+from conftest import ALICE, BOB, OPERATOR, sft_datum
+
+from tx.api.auth import owner_of
+from txserver import TxServer
+
+
+def log_of(server: TxServer, key: str, **query) -> list[tinker.types.AuditLogEntry]:
+    return tinker.AdminClient(base_url=server.url, api_key=key).get_audit_log(**query).result().entries
+
+
+def test_owners_read_their_entries_and_operators_read_all(keyed: TxServer) -> None:
+    with keyed.client(api_key=ALICE) as alice, keyed.client(api_key=BOB) as bob:
+        tc = alice.create_lora_training_client("tiny-qwen3", rank=4).result()
+        tc.forward_backward([sft_datum(list(range(10, 30)))], "cross_entropy").result()
+        sampler_path = tc.save_weights_for_sampler("shared").result().path
+        rest = tinker.RestClient(base_url=keyed.url, api_key=ALICE)
+        rest.publish_checkpoint_from_tinker_path(sampler_path).result()
+        bob.create_sampling_client(model_path=sampler_path)
+        bobs_copy = tinker.RestClient(base_url=keyed.url, api_key=BOB).copy_weights(sampler_path, "mine").result()
+        bobs_run = bob.create_lora_training_client("tiny-qwen3", rank=4).result().model_id
+
+    alices = log_of(keyed, ALICE)
+    events = [(e.event, e.event_details.get("actor")) for e in alices if not e.event.startswith("key_")]
+    alice_urn, bob_urn = f"tx:key:{owner_of(ALICE)}", f"tx:key:{owner_of(BOB)}"
+    assert events == [("run_create", alice_urn), ("checkpoint_save", alice_urn), ("checkpoint_publish", alice_urn),
+                      ("checkpoint_read", bob_urn), ("checkpoint_copy", bob_urn)]
+    read = next(e for e in alices if e.event == "checkpoint_read")
+    assert (read.tinker_path, read.purpose, read.model_id) == (sampler_path, "sample", tc.model_id)
+    assert read.event_details["owner"] == alice_urn
+    copied = next(e for e in alices if e.event == "checkpoint_copy")
+    assert copied.event_details["copy"] == bobs_copy
+    assert all(bobs_run not in str(e.event_details) for e in alices)  # nothing of Bob's own
+
+    bobs = log_of(keyed, BOB, event_type="checkpoints")
+    assert [e.event for e in bobs] == ["checkpoint_read", "checkpoint_copy"]
+    everything = log_of(keyed, OPERATOR, event_type="runs")
+    assert {e.event_details["training_run_id"] for e in everything} >= {tc.model_id, bobs_run}
+    assert log_of(keyed, OPERATOR, day=date(2001, 1, 1)) == []
+    assert log_of(keyed, ALICE, event_type="projects") == []  # tx has no projects to grant
+
+
+def test_billing_is_a_clear_404(keyed: TxServer) -> None:
+    admin = tinker.AdminClient(base_url=keyed.url, api_key=ALICE)
+    with pytest.raises(tinker.NotFoundError, match="does not bill"):
+        admin.get_billing_usage("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z").result()
+    with pytest.raises(tinker.NotFoundError, match="does not bill"):
+        admin.get_current_checkpoint_storage_usage().result()

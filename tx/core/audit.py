@@ -1,0 +1,78 @@
+"""The audit log: who did what to which run, checkpoint and key.
+
+Events are named `<resource>_<action>`: `run_create`; `checkpoint_save`, `checkpoint_read` (with its purpose:
+load, sample, copy or download), `checkpoint_copy`, `checkpoint_publish`, `checkpoint_unpublish`,
+`checkpoint_ttl_set`, `checkpoint_delete`, `checkpoint_expire`; `key_token_issue` (a token exchanged for a key).
+Each names its actor (a key's owner, `tx:key:<owner>`; the server itself is `tx`) and the owner of what it
+concerns. An owner reads the entries they are actor or subject of; an operator reads every entry.
+
+The log is bounded: the janitor keeps the newest `max_entries` and none older than `retention_s`. Recording
+never fails the call it records: a store error there is logged and the entry lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta, timezone
+from typing import Any
+
+from tx.store.store import Store
+from tx.store.tables import AuditRow, utcnow
+
+logger = logging.getLogger(__name__)
+SERVER = "tx"  # the actor of what the server does by itself (expiry)
+MAX_ENTRIES_PER_READ = 10_000
+EVENT_TYPES: dict[str, tuple[str, ...] | None] = {  # the SDK's event_type -> the event prefixes it covers
+    "all": None, "checkpoints": ("checkpoint_",), "runs": ("run_",), "keys": ("key_",),
+    "projects": (), "teams": (), "organizations": (),  # tx has no projects to grant, teams or organisations
+}
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    at: datetime
+    event: str
+    actor: str
+    subject_owner: str | None
+    run_id: str | None
+    tinker_path: str | None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def urn(owner: str) -> str:
+    return SERVER if owner == SERVER else f"tx:key:{owner}"
+
+
+class AuditTrail:
+    def __init__(self, store: Store, max_entries: int = 100_000, retention_s: float = 90 * 86400) -> None:
+        self.store = store
+        self.max_entries = max_entries
+        self.retention_s = retention_s
+
+    def record(self, event: str, actor: str, *, subject_owner: str | None = None, run_id: str | None = None,
+               tinker_path: str | None = None, **details: Any) -> None:
+        row = AuditRow(at=utcnow(), event=event, actor=actor, subject_owner=subject_owner or actor,
+                       run_id=run_id, tinker_path=tinker_path, details=details)
+        try:
+            self.store.audit.add(row)
+        except Exception:  # noqa: BLE001 - an audit entry never fails the call it records
+            logger.exception("audit entry lost: %s by %s on %s", event, actor, tinker_path or run_id)
+
+    def day(self, reader: str, operator: bool, day: date, event_type: str) -> list[AuditEntry]:
+        """The entries of one UTC day that `reader` may read, oldest first (at most MAX_ENTRIES_PER_READ)."""
+        prefixes = EVENT_TYPES[event_type]
+        if prefixes == ():
+            return []
+        start = datetime.combine(day, time(), tzinfo=timezone.utc)
+        rows = self.store.audit.between(start, start + timedelta(days=1), None if operator else reader,
+                                        prefixes, MAX_ENTRIES_PER_READ)
+        return [AuditEntry(_aware(r.at), r.event, r.actor, r.subject_owner, r.run_id, r.tinker_path, r.details or {})
+                for r in rows]
+
+    def prune(self) -> int:
+        return self.store.audit.prune(utcnow() - timedelta(seconds=self.retention_s), self.max_entries)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
