@@ -20,13 +20,15 @@ import numpy as np
 
 from tx.backends.base import TrainingBackend
 from tx.types import (
-    AdamParams,
+    ADAMW,
     BaseModelInfo,
     ConflictError,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
+    OptimizerConfig,
+    OptimParams,
     OptimStepResult,
 )
 
@@ -60,7 +62,8 @@ class FakeBackend(TrainingBackend):
     def served_models(self) -> list[BaseModelInfo]:
         return [INFO]
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
+                     optimizer: OptimizerConfig = ADAMW) -> None:
         self.base_model_info(base_model)
         if model_id in self.weights:
             raise ConflictError(f"model {model_id!r} already exists")
@@ -86,7 +89,7 @@ class FakeBackend(TrainingBackend):
         outputs = [{"logprobs": np.zeros(len(d.model_input.text_tokens()), np.float32)} for d in batch.data]
         return ForwardBackwardResult(outputs, {"loss:sum": self.weights[model_id] * tokens})
 
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+    def optim_step(self, model_id: str, adam: OptimParams) -> OptimStepResult:
         self._require(model_id)
         self.weights[model_id] += adam.learning_rate
         self.calls.append(("optim_step", model_id))
@@ -105,6 +108,9 @@ class FakeBackend(TrainingBackend):
     def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
         state = json.loads((directory / "state.json").read_text())
         return state["base"], LoraConfig(rank=state["rank"])
+
+    def read_state_optimizer(self, directory: Path) -> OptimizerConfig:
+        return ADAMW  # its runs keep no optimizer state
 
     def save_sampler_weights(self, model_id: str, directory: Path) -> None:
         (directory / "sampler.json").write_text(json.dumps({"w": self.weights[self._require(model_id)]}))

@@ -209,6 +209,51 @@ class AdamParams:
             raise UserError(f"grad_clip_norm must be >= 0 (0 = off), got {self.grad_clip_norm}")
 
 
+OptimizerName = Literal["adamw", "dimuon"]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer a run trains with, fixed for its life (the SDK's AdamOptimizerConfig / DimuonOptimizerConfig)."""
+
+    kind: OptimizerName = "adamw"
+    version: int = 1
+
+    def check(self) -> None:
+        if self.kind not in get_args(OptimizerName):
+            raise UserError(f"optimizer {self.kind!r} is not supported: this server trains with adamw or dimuon")
+        if self.version != 1:
+            raise UserError(f"{self.kind} version {self.version} is not supported: this server has version 1")
+
+
+ADAMW = OptimizerConfig()
+DIMUON = OptimizerConfig("dimuon")
+
+
+@dataclass(frozen=True)
+class DimuonParams:
+    """One Dimuon step (tx's formula: tx/backends/torch/dimuon.py)."""
+
+    learning_rate: float
+    grad_clip_norm: float = 0.0  # <= 0: no clipping
+    beta1: float = 0.9
+
+    def validate(self) -> None:
+        if not self.learning_rate >= 0:
+            raise UserError(f"learning_rate must be >= 0, got {self.learning_rate}")
+        if not 0.0 <= self.beta1 < 1.0:
+            raise UserError(f"beta1 must be in [0, 1), got {self.beta1}")
+        if self.grad_clip_norm != self.grad_clip_norm:
+            raise UserError("grad_clip_norm must be a number")
+
+
+OptimParams = Union[AdamParams, DimuonParams]
+
+
+def optimizer_of(params: OptimParams) -> OptimizerConfig:
+    return DIMUON if isinstance(params, DimuonParams) else ADAMW
+
+
 @dataclass
 class ForwardBackwardInput:
     data: list[Datum]

@@ -31,15 +31,32 @@ from typing import Any
 from tx.backends import datums
 from tx.backends.datums import DatumRules
 from tx.types import (
+    ADAMW,
     AdamParams,
     BaseModelInfo,
     CustomLoss,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
+    OptimizerConfig,
+    OptimParams,
     OptimStepResult,
     UserError,
 )
+
+
+def adamw_only(optimizer: OptimizerConfig, trainer: str) -> None:
+    """For a trainer that has AdamW only: a UserError, at create_model, for any other optimizer."""
+    if optimizer.kind != "adamw":
+        raise UserError(f"the {optimizer.kind} optimizer does not run on {trainer}: it runs on the in-process "
+                        "torch trainer (tx serve --backend torch --trainer-workers 1); use AdamOptimizerConfig here")
+
+
+def adam_params(params: OptimParams) -> AdamParams:
+    """The AdamParams of a step on an AdamW-only trainer (its runs are all AdamW)."""
+    if not isinstance(params, AdamParams):
+        raise UserError("this run trains with adamw (chosen at create_model): optim_step takes AdamParams")
+    return params
 
 
 class TrainingBackend(ABC):
@@ -65,8 +82,10 @@ class TrainingBackend(ABC):
         """Every base model this backend serves."""
 
     @abstractmethod
-    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
-        """Create a fresh LoRA run `model_id` on `base_model` (seeded by `lora.seed`)."""
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
+                     optimizer: OptimizerConfig = ADAMW) -> None:
+        """Create a fresh LoRA run `model_id` on `base_model` (seeded by `lora.seed`), trained with `optimizer`
+        (UserError for one this backend does not have, naming where it runs)."""
 
     @abstractmethod
     def has_model(self, model_id: str) -> bool:
@@ -105,6 +124,13 @@ class TrainingBackend(ABC):
         backend that trains on images or caps sequences says so here."""
         return DatumRules(self.base_model_info(base_model))
 
+    def check_optimizer(self, optimizer: OptimizerConfig) -> None:
+        """UserError (at submission) for an optimizer this trainer does not have. This default: AdamW only."""
+        adamw_only(optimizer, self.trainer_name())
+
+    def trainer_name(self) -> str:
+        return "this trainer"
+
     def runs_custom_losses(self) -> bool:
         """Whether `check_custom_loss` accepts graphs (client/config's custom_loss_server_side)."""
         return False
@@ -116,8 +142,8 @@ class TrainingBackend(ABC):
         raise UserError("this server's trainer does not run custom losses; they run client-side")
 
     @abstractmethod
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
-        """Apply AdamW with the accumulated gradients, then zero them."""
+    def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
+        """Apply the run's optimizer with `params` (of its kind) to the accumulated gradients, then zero them."""
 
     @abstractmethod
     def save_state(self, model_id: str, directory: Path) -> None:
@@ -130,6 +156,12 @@ class TrainingBackend(ABC):
     @abstractmethod
     def read_state_config(self, directory: Path) -> tuple[str, LoraConfig]:
         """(base_model, lora config) recorded in a `save_state` directory."""
+
+    def read_state_optimizer(self, directory: Path) -> OptimizerConfig:
+        """The optimizer whose state a `save_state` directory holds (every backend writes the one format)."""
+        from tx.backends.torch import checkpoint
+
+        return checkpoint.read_state_optimizer(directory)
 
     @abstractmethod
     def save_sampler_weights(self, model_id: str, directory: Path) -> None:

@@ -22,7 +22,7 @@ from tx.core.scheduler import Job, Scheduler
 from tx.core.sessions import live_session
 from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
-from tx.types import LoraConfig, model_id_for
+from tx.types import ADAMW, LoraConfig, OptimizerConfig, UserError, model_id_for
 
 T = TypeVar("T")
 
@@ -41,32 +41,41 @@ class RunService:
         self._lock = threading.Lock()
 
     def create(self, owner: str, session_id: str, model_seq_id: int, base_model: str, lora: LoraConfig,
-               user_metadata: dict[str, Any] | None) -> Future:
+               user_metadata: dict[str, Any] | None, optimizer: OptimizerConfig = ADAMW) -> Future:
         live_session(self.store, session_id, owner)
         lora.validate()
+        self.backend.check_optimizer(optimizer)
         self.base_models.info(base_model)
         model_id = model_id_for(session_id, model_seq_id)
 
         def run() -> ModelCreated:
-            self.backend.create_model(model_id, base_model, lora)
-            self._record(model_id, session_id, owner, base_model, lora, user_metadata)
+            self.backend.create_model(model_id, base_model, lora, optimizer)
+            self._record(model_id, session_id, owner, base_model, lora, user_metadata, optimizer)
             return ModelCreated(model_id)
 
         return self._start(owner, session_id, model_id, "CreateModel", run, lambda: lora.rank)
 
     def create_from_checkpoint(self, owner: str, session_id: str, model_seq_id: int, path: str,
-                               with_optimizer: bool) -> Future:
-        """create_training_client_from_state[_with_optimizer]: a new run from a checkpoint."""
+                               with_optimizer: bool, optimizer: OptimizerConfig | None = None) -> Future:
+        """create_training_client_from_state[_with_optimizer]: a new run from a checkpoint, trained with the
+        checkpoint's optimizer when its state is loaded too, else with `optimizer` (AdamW when None)."""
         live_session(self.store, session_id, owner)
+        if optimizer is not None:
+            self.backend.check_optimizer(optimizer)
         source, source_run = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
         model_id = model_id_for(session_id, model_seq_id)
 
         def run() -> WeightsLoaded:
             directory = self.catalog.files.require(source)
             base_model, lora = self.backend.read_state_config(directory)
-            self.backend.create_model(model_id, base_model, lora)
+            saved = self.backend.read_state_optimizer(directory)
+            if with_optimizer and optimizer is not None and optimizer != saved:
+                raise UserError(f"{source} holds {saved.kind} state: a run resumed with it trains with {saved.kind}")
+            kind = saved if with_optimizer else optimizer or ADAMW
+            self.backend.create_model(model_id, base_model, lora, kind)
             self.backend.load_state(model_id, directory, with_optimizer=with_optimizer)
-            self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata, str(source))
+            self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata, kind,
+                         str(source))
             return WeightsLoaded(path=str(source), model_id=model_id)
 
         def rank() -> int:  # read at submission, for the key's quota
@@ -135,10 +144,11 @@ class RunService:
         return lambda: self.backend.delete_model(model_id)
 
     def _record(self, model_id: str, session_id: str, owner: str, base_model: str, lora: LoraConfig,
-                user_metadata: dict[str, Any] | None, source: str | None = None) -> None:
+                user_metadata: dict[str, Any] | None, optimizer: OptimizerConfig, source: str | None = None) -> None:
         self.store.create_run(TrainingRunRow(
             run_id=model_id, session_id=session_id, owner=owner, base_model=base_model, lora_rank=lora.rank,
             lora_config=asdict(lora), user_metadata=user_metadata,
+            optimizer_config={"type": optimizer.kind, "version": optimizer.version},
         ))
         self.catalog.audit.record("run_create", owner, run_id=model_id, base_model=base_model, lora_rank=lora.rank,
-                                  **({"from_checkpoint": source} if source else {}))
+                                  optimizer=optimizer.kind, **({"from_checkpoint": source} if source else {}))

@@ -17,13 +17,16 @@ from tx.core.results import WeightsLoaded
 from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
+from tx.core.views import optimizer_of_row
 from tx.types import (
-    AdamParams,
     ForwardBackwardInput,
     ForwardBackwardResult,
     ImageChunk,
+    OptimParams,
     OptimStepResult,
     TextChunk,
+    UserError,
+    optimizer_of,
 )
 
 T = TypeVar("T")
@@ -89,12 +92,17 @@ class TrainingCalls:
         records = self.records.resolve(owner, session_id, named_sequences(batch))
         return apply_records(batch, records, base_model)
 
-    def optim_step(self, owner: str, model_id: str, seq_id: int, adam: AdamParams) -> Future:
-        adam.validate()
+    def optim_step(self, owner: str, model_id: str, seq_id: int, params: OptimParams) -> Future:
+        """A step of the run's optimizer; `params` of another optimizer are refused at submission."""
+        params.validate()
+        mine = optimizer_of_row(self.sequencer.store.get_run(model_id, owner))
+        if optimizer_of(params) != mine:
+            wanted = "DimuonParams" if mine.kind == "dimuon" else "AdamParams"
+            raise UserError(f"this run trains with {mine.kind} (chosen at create_model): optim_step takes {wanted}")
 
         def step() -> OptimStepResult:
             start = time.perf_counter()
-            result = self._pass(lambda: self.backend.optim_step(model_id, adam))
+            result = self._pass(lambda: self.backend.optim_step(model_id, params))
             self._measured(model_id, "optim_step", start, None, result)
             return result
 
@@ -107,8 +115,14 @@ class TrainingCalls:
             self.recorder.record(Measured(model_id, kind, time.time(), time.perf_counter() - start, batch, result))
 
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
-        """Legacy TrainingClient.load_state*: load a checkpoint into this existing run."""
+        """Legacy TrainingClient.load_state*: load a checkpoint into this existing run (with its optimizer's state
+        only if it is the run's optimizer)."""
         source, _ = self.catalog.readable(owner, path, kinds=("weights",))
+        if with_optimizer:
+            saved = self.backend.read_state_optimizer(self.catalog.files.require(source))
+            mine = optimizer_of_row(self.sequencer.store.get_run(model_id, owner))
+            if saved != mine:
+                raise UserError(f"{source} holds {saved.kind} state; this run trains with {mine.kind}")
 
         def run() -> WeightsLoaded:
             self.backend.load_state(model_id, self.catalog.files.require(source), with_optimizer=with_optimizer)

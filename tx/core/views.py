@@ -14,7 +14,7 @@ from typing import Any
 from tx.core.checkpoints.files import TinkerPath
 from tx.store.store import Store
 from tx.store.tables import CheckpointRow, TrainingRunRow
-from tx.types import BaseModelInfo, LoraConfig
+from tx.types import ADAMW, BaseModelInfo, LoraConfig, OptimizerConfig
 
 LATEST_KINDS = ("weights", "sampler_weights")
 
@@ -49,6 +49,7 @@ class RunView:
     last_request_time: datetime
     corrupted: bool
     user_metadata: dict[str, Any] | None
+    optimizer: OptimizerConfig = ADAMW
     last_checkpoint: CheckpointView | None = None
     last_sampler_checkpoint: CheckpointView | None = None
 
@@ -59,7 +60,7 @@ class RunView:
         return cls(
             run_id=row.run_id, owner=row.owner, base_model=row.base_model, lora=lora_of(row),
             last_request_time=_utc(row.last_request_time), corrupted=row.corrupted,
-            user_metadata=row.user_metadata,
+            user_metadata=row.user_metadata, optimizer=optimizer_of_row(row),
             last_checkpoint=CheckpointView.of(last) if last else None,
             last_sampler_checkpoint=CheckpointView.of(last_sampler) if last_sampler else None,
         )
@@ -100,6 +101,11 @@ class RunViews:
     def model_info(self, owner: str, model_id: str) -> ModelInfoView:
         run = RunView.of(self._store.get_run(model_id, owner))
         return ModelInfoView(run, self._base_model_info(run.base_model), self._tokenizer_ids[run.base_model])
+
+
+def optimizer_of_row(row: TrainingRunRow) -> OptimizerConfig:
+    recorded = row.optimizer_config or {}
+    return OptimizerConfig(recorded.get("type", "adamw"), int(recorded.get("version", 1)))
 
 
 def lora_of(row: TrainingRunRow) -> LoraConfig:

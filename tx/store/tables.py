@@ -50,6 +50,8 @@ class TrainingRunRow(Base):
     # `copy_request` is the copy's idempotency key, one copy per (owner, key).
     copied_from: Mapped[str | None] = mapped_column(String(512))
     copy_request: Mapped[str | None] = mapped_column(String(160))
+    # {"type": "adamw"|"dimuon", "version": 1}, fixed for the run's life; None (rows before it): adamw
+    optimizer_config: Mapped[dict | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_training_runs_copy_request", "owner", "copy_request", unique=True),)
 

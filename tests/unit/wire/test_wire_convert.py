@@ -11,7 +11,17 @@ from tinker.types._pydantic_types.tensor_data import TensorData as SdkTensorData
 from tx.api.wire import convert
 from tx.api.wire.schemas import models
 from tx.api.wire.schemas.asample import ModelInputJson, SampleRequestJson, TensorDataJson
-from tx.types import AdamParams, ImageAssetPointer, ImageChunk, LoraConfig, TextChunk, UserError
+from tx.types import (
+    ADAMW,
+    DIMUON,
+    AdamParams,
+    DimuonParams,
+    ImageAssetPointer,
+    ImageChunk,
+    LoraConfig,
+    TextChunk,
+    UserError,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(30))
 
@@ -179,15 +189,16 @@ def test_lora_and_optimizer_conversion():
     )
     assert convert.lora_config_to_domain(req.lora_config) == LoraConfig(rank=16, seed=4, train_attn=False)
     assert convert.lora_config_to_domain(None) == LoraConfig()
-    convert.check_optimizer_config(req.optimizer_config)
+    assert convert.optimizer_config_to_domain(req.optimizer_config) == ADAMW
     with pytest.raises(UserError, match="rank"):
         convert.lora_config_to_domain(models.LoraConfig(rank=0))
     with pytest.raises(UserError, match="at least one"):
-        convert.lora_config_to_domain(
-            models.LoraConfig(train_attn=False, train_mlp=False, train_unembed=False)
-        )
-    with pytest.raises(UserError, match="dimuon"):
-        convert.check_optimizer_config(models.OptimizerConfig(type="dimuon", version=1))
+        convert.lora_config_to_domain(models.LoraConfig(train_attn=False, train_mlp=False, train_unembed=False))
+    assert convert.optimizer_config_to_domain(models.OptimizerConfig(type="dimuon", version=1)) == DIMUON
+    with pytest.raises(UserError, match="version 2"):
+        convert.optimizer_config_to_domain(models.OptimizerConfig(type="dimuon", version=2))
+    with pytest.raises(UserError, match="'sgd' is not supported"):
+        convert.optimizer_config_to_domain(models.OptimizerConfig(type="sgd"))
 
 
 def test_optim_step_conversion():
@@ -200,7 +211,8 @@ def test_optim_step_conversion():
         optimizer_params=sdk.DimuonParams(learning_rate=0.02), model_id="m", seq_id=3
     )
     req = models.OptimStepRequest.model_validate(model_dump(dimuon, exclude_none=True, mode="json"))
-    with pytest.raises(UserError, match="'dimuon' is not supported"):
-        convert.optim_step_params_to_domain(req)
+    assert convert.optim_step_params_to_domain(req) == DimuonParams(learning_rate=0.02)
+    with pytest.raises(UserError, match="'lion' is not supported"):
+        convert.optim_step_params_to_domain(models.OptimStepRequest(model_id="m", optimizer_params={"type": "lion"}))
     with pytest.raises(UserError, match="beta1"):
         convert.adam_params_to_domain(models.AdamParams(beta1=1.0))

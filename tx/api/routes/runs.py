@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from tx.api.deps import MAX_OFFSET, Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.routes.checkpoints import checkpoint_view, str_values
+from tx.api.wire.convert import optimizer_config_to_wire
 from tx.api.wire.schemas.base import Cursor
 from tx.api.wire.schemas.runs import (
     TrainingRun,
@@ -47,6 +48,7 @@ async def weights_info(body: WeightsInfoRequest, ctx: Ctx, caller: Caller) -> We
         train_unembed=run.lora.train_unembed,
         train_mlp=run.lora.train_mlp,
         train_attn=run.lora.train_attn,
+        optimizer_config=optimizer_config_to_wire(run.optimizer),
     )
 
 

@@ -16,9 +16,10 @@ from tx.api.wire.codec import (
     parse_forward_backward_request,
 )
 from tx.api.wire.convert import (
-    check_optimizer_config,
     lora_config_to_domain,
     optim_step_params_to_domain,
+    optimizer_config_to_domain,
+    optimizer_config_to_wire,
 )
 from tx.api.wire.schemas.checkpoints import (
     LoadWeightsRequest,
@@ -46,11 +47,11 @@ def _answer(future: Future, model_id: str | None) -> UntypedAPIFuture:
 
 @router.post("/create_model")
 async def create_model(body: CreateModelRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
-    check_optimizer_config(body.optimizer_config)
+    optimizer = optimizer_config_to_domain(body.optimizer_config)
     lora = lora_config_to_domain(body.lora_config)
     future = await asyncio.to_thread(
         ctx.runs.create, caller.owner, body.session_id, body.model_seq_id, body.base_model,
-        lora, body.user_metadata,
+        lora, body.user_metadata, optimizer,
     )
     return _answer(future, model_id_for(body.session_id, body.model_seq_id))
 
@@ -65,6 +66,7 @@ async def get_info(body: GetInfoRequest, ctx: Ctx, caller: Caller) -> GetInfoRes
         is_lora=True,
         lora_rank=run.lora.rank,
         model_name=run.base_model,
+        optimizer_config=optimizer_config_to_wire(run.optimizer),
     )
 
 
@@ -105,8 +107,8 @@ async def _read_body(request: Request) -> bytes:
 async def optim_step(body: OptimStepRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     seq_id = require_seq(body.seq_id)
     async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
-        adam = optim_step_params_to_domain(body)
-        future = await asyncio.to_thread(ctx.training.optim_step, caller.owner, body.model_id, seq_id, adam)
+        params = optim_step_params_to_domain(body)
+        future = await asyncio.to_thread(ctx.training.optim_step, caller.owner, body.model_id, seq_id, params)
     return _answer(future, body.model_id)
 
 
@@ -151,11 +153,10 @@ async def save_weights_external(body: SaveWeightsExternalRequest, ctx: Ctx, call
 async def load_weights(body: LoadWeightsRequest, ctx: Ctx, caller: Caller) -> UntypedAPIFuture:
     if body.is_create_via_load:
         assert body.session_id is not None and body.model_seq_id is not None  # LoadWeightsRequest checked it
-        if body.optimizer_config is not None:
-            check_optimizer_config(body.optimizer_config)
+        optimizer = optimizer_config_to_domain(body.optimizer_config) if body.optimizer_config else None
         future = await asyncio.to_thread(
             ctx.runs.create_from_checkpoint, caller.owner, body.session_id, body.model_seq_id,
-            body.path, body.optimizer,
+            body.path, body.optimizer, optimizer,
         )
         return _answer(future, model_id_for(body.session_id, body.model_seq_id))
     assert body.model_id is not None  # LoadWeightsRequest checked it: one of the two forms

@@ -19,16 +19,18 @@ from tx.types import (
     MAX_TOPK_PROMPT_LOGPROBS,
     AdamParams,
     Chunk,
+    DimuonParams,
     ImageAssetPointer,
     LoraConfig,
     ModelInput,
+    OptimizerConfig,
+    OptimParams,
     SampleRequest,
     SamplingParams,
     TextChunk,
     UserError,
 )
 
-SUPPORTED_OPTIMIZER = "adamw"
 
 # Seeds are folded into [0, 2**63 - 1) so every engine sees an int64-safe value.
 _SEED_MODULUS = 2**63 - 1
@@ -105,10 +107,19 @@ def lora_config_to_domain(config: models.LoraConfig | None) -> LoraConfig:
     return lora
 
 
-def check_optimizer_config(config: models.OptimizerConfig | None) -> None:
-    """tx trains with AdamW only; a model created for another optimizer is refused."""
-    if config is not None and config.type != SUPPORTED_OPTIMIZER:
-        raise UserError(f"optimizer {config.type!r} is not supported: this server trains with adamw only")
+def optimizer_config_to_domain(config: models.OptimizerConfig) -> OptimizerConfig:
+    """`{"type":"adamw"}` or `{"type":"dimuon","version":1}`; anything else is refused (400)."""
+    if config.type not in ("adamw", "dimuon"):
+        raise UserError(f"optimizer {config.type!r} is not supported: this server trains with adamw or dimuon")
+    optimizer = OptimizerConfig("dimuon" if config.type == "dimuon" else "adamw",
+                                config.version if config.version is not None else 1)
+    optimizer.check()
+    return optimizer
+
+
+def optimizer_config_to_wire(optimizer: OptimizerConfig) -> models.OptimizerConfig:
+    version = None if optimizer.kind == "adamw" else optimizer.version  # the SDK's AdamOptimizerConfig has none
+    return models.OptimizerConfig(type=optimizer.kind, version=version)
 
 
 def adam_params_to_domain(params: models.AdamParams) -> AdamParams:
@@ -124,12 +135,20 @@ def adam_params_to_domain(params: models.AdamParams) -> AdamParams:
     return adam
 
 
-def optim_step_params_to_domain(request: models.OptimStepRequest) -> AdamParams:
-    """Adam parameters of an optim_step; `optimizer_params` (e.g. dimuon) is refused."""
-    if request.adam_params is None:
-        kind = request.optimizer_params.type if request.optimizer_params else "unknown"
-        raise UserError(f"optimizer {kind!r} is not supported: this server trains with adamw only")
-    return adam_params_to_domain(request.adam_params)
+def optim_step_params_to_domain(request: models.OptimStepRequest) -> OptimParams:
+    """AdamParams (`adam_params`) or DimuonParams (`optimizer_params` of type dimuon); other types are refused."""
+    if request.adam_params is not None:
+        return adam_params_to_domain(request.adam_params)
+    assert request.optimizer_params is not None  # the schema holds exactly one
+    params = request.optimizer_params
+    if params.type != "dimuon":
+        raise UserError(f"optimizer {params.type!r} is not supported: this server trains with adamw or dimuon")
+    if params.learning_rate is None:
+        raise UserError("DimuonParams needs a learning_rate")
+    dimuon = DimuonParams(learning_rate=params.learning_rate, grad_clip_norm=params.grad_clip_norm,
+                          beta1=params.beta1)
+    dimuon.validate()
+    return dimuon
 
 
 def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleRequest:

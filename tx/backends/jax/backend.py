@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from tx.backends.base import adam_params
 from tx.backends.lora_files import LoraFilesBackend, check_compatible
 from tx.backends.jax import lora as lora_mod
 from tx.backends.jax import mesh as mesh_mod
@@ -31,13 +32,15 @@ from tx.backends.torch import checkpoint
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.types import (
-    AdamParams,
+    ADAMW,
     BaseModelInfo,
     ConflictError,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
+    OptimizerConfig,
+    OptimParams,
     OptimStepResult,
 )
 
@@ -111,16 +114,21 @@ class JaxBackend(LoraFilesBackend):
 
     # ---- runs ----
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
+                     optimizer: OptimizerConfig = ADAMW) -> None:
         if model_id in self._runs:
             raise ConflictError(f"model {model_id!r} already exists")
         lora.validate()
+        self.check_optimizer(optimizer)
         self.base_model_info(base_model)
         host = self._host(base_model)
         adapter = self._replicate(lora_mod.init_adapter(host.spec, lora))
         opt_state = optim.new_state(adapter)
         self._runs[model_id] = Run(model_id, base_model, lora, adapter, _zeros(adapter), opt_state)
         logger.info("created %s on %s (rank %d)", model_id, base_model, lora.rank)
+
+    def trainer_name(self) -> str:
+        return "the JAX trainer (--backend jax)"
 
     def has_model(self, model_id: str) -> bool:
         return model_id in self._runs
@@ -177,9 +185,10 @@ class JaxBackend(LoraFilesBackend):
                   "inputs": micro.inputs}
         return jax.device_put(arrays, mesh_mod.rows(self.mesh))
 
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+    def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
         """AdamW on the accumulated gradients, then zero them. Without any since the last step, nothing moves
         (as torch skips parameters without gradients)."""
+        adam = adam_params(params)
         adam.validate()
         run = self._run(model_id)
         if not run.has_grads:

@@ -1,12 +1,12 @@
-"""`TorchBackend`: Hugging Face causal LMs with PEFT LoRA runs, trained with AdamW.
+"""`TorchBackend`: Hugging Face causal LMs with PEFT LoRA runs, trained with AdamW or Dimuon.
 
 One base model is loaded per served name (on the first run created on it) and shared by every
-run on it; each run is a named PEFT adapter with its own AdamW (see `lora.py`). A request is validated
-whole, then cut into micro-batches of at most `micro_batch_tokens` tokens (`plan.py`), each laid into
-rows (`batch.py`) and run by `fused.run_calls`: the body, a chunked head that never holds tokens x vocab
-logits (`logprobs.py`), the loss and its backward; several runs' calls on one base model share each pass
-(`forward_backward_many`). Gradients accumulate in the run's LoRA parameters until `optim_step`. The core
-calls these methods from one thread, one at a time.
+run on it; each run is a named PEFT adapter with its own optimizer (see `lora.py`, `optim.py`). A request
+is validated whole, then cut into micro-batches of at most `micro_batch_tokens` tokens (`plan.py`), each
+laid into rows (`batch.py`) and run by `fused.run_calls`: the body, a chunked head that never holds
+tokens x vocab logits (`logprobs.py`), the loss and its backward; several runs' calls on one base model
+share each pass (`forward_backward_many`). Gradients accumulate in the run's LoRA parameters until
+`optim_step`. The core calls these methods from one thread, one at a time.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tx.backends.torch.memory import (
     return_freed_tensors_to_os,
 )
 from tx.backends.torch.model import load_causal_lm, read_model_info
-from tx.backends.torch.optim import adam_step, new_optimizer
+from tx.backends.torch.optim import new_optimizer, optimizer_of, optimizer_step
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
@@ -46,7 +46,7 @@ from tx.config.sections import TrainerSection
 from tx.multimodal import ImageLimits, vision_processor
 from tx.devices import resolve_device
 from tx.types import (
-    AdamParams,
+    ADAMW,
     BaseModelInfo,
     ConflictError,
     CustomLoss,
@@ -54,6 +54,8 @@ from tx.types import (
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
+    OptimizerConfig,
+    OptimParams,
     OptimStepResult,
     UserError,
 )
@@ -145,16 +147,21 @@ class TorchBackend(TrainingBackend):
 
     # ---- runs ----
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
+                     optimizer: OptimizerConfig = ADAMW) -> None:
         if model_id in self._runs:
             raise ConflictError(f"model {model_id!r} already exists")
         lora.validate()
+        self.check_optimizer(optimizer)
         self.base_model_info(base_model)
         adapter = f"run_{uuid.uuid4().hex}"
         params = self._host(base_model).add(adapter, lora)
-        optimizer = new_optimizer(params.values())
-        self._runs[model_id] = Run(model_id, base_model, lora, adapter, params, optimizer)
-        logger.info("created %s on %s (rank %d)", model_id, base_model, lora.rank)
+        run_optimizer = new_optimizer(params.values(), optimizer)
+        self._runs[model_id] = Run(model_id, base_model, lora, adapter, params, run_optimizer)
+        logger.info("created %s on %s (rank %d, %s)", model_id, base_model, lora.rank, optimizer.kind)
+
+    def check_optimizer(self, optimizer: OptimizerConfig) -> None:
+        optimizer.check()  # AdamW and Dimuon both run here
 
     def has_model(self, model_id: str) -> bool:
         return model_id in self._runs
@@ -255,31 +262,35 @@ class TorchBackend(TrainingBackend):
     def check_custom_loss(self, loss: CustomLoss) -> None:
         compile_loss(loss)
 
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
-        adam.validate()
-        return OptimStepResult(metrics=adam_step(self._run(model_id).optimizer, adam))
+    def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
+        params.validate()
+        return OptimStepResult(metrics=optimizer_step(self._run(model_id).optimizer, params))
 
     # ---- checkpoints ----
 
     def save_state(self, model_id: str, directory: Path) -> None:
         run = self._run(model_id)
         weights = {name: param.detach() for name, param in run.params.items()}
-        checkpoint.write_state(directory, run.base_model, run.lora, weights, run.optimizer.state_dict())
+        checkpoint.write_state(directory, run.base_model, run.lora, weights, run.optimizer.state_dict(),
+                               optimizer_of(run.optimizer))
 
     def load_state(self, model_id: str, directory: Path, *, with_optimizer: bool) -> None:
         """Load weights (and optimizer state) into `model_id`; its pending gradients are dropped.
 
-        Without the optimizer, the run's AdamW starts afresh (moments from other weights would
-        not mean anything).
+        Without the optimizer, the run's optimizer starts afresh (moments from other weights would
+        not mean anything); with it, the checkpoint's optimizer must be the run's.
         """
         run = self._run(model_id)
         base_model, lora = self.read_state_config(directory)
         check_compatible(run, base_model, lora, directory)
+        kind = optimizer_of(run.optimizer)
+        if with_optimizer and (saved := checkpoint.read_state_optimizer(directory)) != kind:
+            raise UserError(f"checkpoint {directory} holds {saved.kind} state; this run trains with {kind.kind}")
         weights = checkpoint.read_weights(directory, self.device)
         optimizer_state = checkpoint.read_optimizer_state(directory, self.device) if with_optimizer else None
         _copy_weights(run, weights, directory)
         run.zero_grad()
-        run.optimizer = new_optimizer(run.params.values())
+        run.optimizer = new_optimizer(run.params.values(), kind)
         if optimizer_state is not None:
             try:
                 run.optimizer.load_state_dict(optimizer_state)

@@ -1,4 +1,5 @@
-"""AdamW for one run: built over the run's LoRA parameters, re-configured on every step."""
+"""A run's optimizer, built over its LoRA parameters and re-configured on every step: AdamW (torch's), or
+Dimuon (tx's, `dimuon.py`), as chosen when the run was created."""
 
 from __future__ import annotations
 
@@ -8,30 +9,52 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from tx.types import AdamParams
+from tx.backends.torch.dimuon import Dimuon
+from tx.types import ADAMW, AdamParams, DimuonParams, OptimizerConfig, OptimParams, UserError
 
 
-def new_optimizer(params: Iterable[torch.nn.Parameter]) -> torch.optim.AdamW:
-    """An AdamW over `params`; its hyperparameters are set by each `adam_step`."""
+def new_optimizer(params: Iterable[torch.nn.Parameter], config: OptimizerConfig = ADAMW) -> torch.optim.Optimizer:
+    """The run's optimizer over `params`; its hyperparameters are set by each `optimizer_step`."""
+    if config.kind == "dimuon":
+        return Dimuon(params)
     return torch.optim.AdamW(list(params), lr=0.0, weight_decay=0.0)
 
 
-def adam_step(optimizer: torch.optim.AdamW, adam: AdamParams) -> dict[str, float]:
-    """Apply `adam` to the accumulated gradients, clip first if asked, then zero the gradients.
+def optimizer_of(optimizer: torch.optim.Optimizer) -> OptimizerConfig:
+    return OptimizerConfig("dimuon") if isinstance(optimizer, Dimuon) else ADAMW
+
+
+def adam_step(optimizer: torch.optim.Optimizer, adam: AdamParams) -> dict[str, float]:
+    return optimizer_step(optimizer, adam)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, params: OptimParams) -> dict[str, float]:
+    """Apply `params` to the accumulated gradients, clip first if asked, then zero the gradients.
 
     Returns the total gradient norm before clipping and the learning rate used.
     """
-    for group in optimizer.param_groups:
-        group["lr"] = adam.learning_rate
-        group["betas"] = (adam.beta1, adam.beta2)
-        group["eps"] = adam.eps
-        group["weight_decay"] = adam.weight_decay
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    grad_norm = get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-    if adam.grad_clip_norm > 0 and params:
-        clip_grads_with_norm_(params, adam.grad_clip_norm, grad_norm)
+    _configure(optimizer, params)
+    tensors = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    grad_norm = get_total_norm([p.grad for p in tensors]) if tensors else torch.zeros(())
+    if params.grad_clip_norm > 0 and tensors:
+        clip_grads_with_norm_(tensors, params.grad_clip_norm, grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if isinstance(grad_norm, DTensor):  # parameters sharded over trainer workers: the norm of the whole
         grad_norm = grad_norm.full_tensor()
-    return {"grad_norm": float(grad_norm), "learning_rate": adam.learning_rate}
+    return {"grad_norm": float(grad_norm), "learning_rate": params.learning_rate}
+
+
+def _configure(optimizer: torch.optim.Optimizer, params: OptimParams) -> None:
+    mine = optimizer_of(optimizer).kind
+    if isinstance(params, DimuonParams) != (mine == "dimuon"):
+        wanted = "DimuonParams" if mine == "dimuon" else "AdamParams"
+        raise UserError(f"this run trains with {mine} (chosen at create_model): optim_step takes {wanted}")
+    for group in optimizer.param_groups:
+        group["lr"] = params.learning_rate
+        if isinstance(params, DimuonParams):
+            group["beta1"] = params.beta1
+        else:
+            group["betas"] = (params.beta1, params.beta2)
+            group["eps"] = params.eps
+            group["weight_decay"] = params.weight_decay

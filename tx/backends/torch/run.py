@@ -1,4 +1,4 @@
-"""A training run: one LoRA adapter on a shared base model, with its own AdamW."""
+"""A training run: one LoRA adapter on a shared base model, with its own optimizer (AdamW or Dimuon)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ class Run:
     lora: LoraConfig
     adapter: str  # the PEFT adapter name inside the shared base model
     params: dict[str, torch.nn.Parameter]  # PEFT adapter-file name -> parameter
-    optimizer: torch.optim.AdamW
+    optimizer: torch.optim.Optimizer
 
     def zero_grad(self) -> None:
         for param in self.params.values():

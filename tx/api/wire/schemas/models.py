@@ -50,7 +50,7 @@ class AdamParams(WireRequest):
 
 
 class OptimizerParams(WireRequest):
-    """Non-Adam step parameters (the SDK's DimuonParams); tx rejects them."""
+    """Non-Adam step parameters: the SDK's DimuonParams (type "dimuon")."""
 
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 

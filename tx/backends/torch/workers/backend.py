@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from tx.backends.base import adam_params
 from tx.backends.datums import DatumRules
 from tx.backends.lora_files import LoraFilesBackend, check_compatible
 from tx.backends.losses import get_loss
@@ -38,7 +39,7 @@ from tx.backends.torch.workers.messages import Reply, Request, WireAdam, WireBat
 from tx.backends.torch.workers.shares import combine_metrics, split_by_tokens
 from tx.multimodal import ImageLimits, vision_processor
 from tx.types import (
-    AdamParams,
+    ADAMW,
     BaseModelInfo,
     ConflictError,
     Datum,
@@ -46,6 +47,8 @@ from tx.types import (
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
+    OptimizerConfig,
+    OptimParams,
     OptimStepResult,
     UserError,
 )
@@ -106,12 +109,17 @@ class WorkersBackend(LoraFilesBackend):
         info, model_dir = self.base_model_info(base_model), self._paths[base_model]
         return DatumRules.of_model_dir(info, model_dir, self._max_sequence_tokens, self._image_limits)
 
+    def trainer_name(self) -> str:
+        return "trainer workers (--trainer-workers > 1)"
+
     # ---- runs ----
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
+                     optimizer: OptimizerConfig = ADAMW) -> None:
         if model_id in self._runs:
             raise ConflictError(f"model {model_id!r} already exists")
         lora.validate()
+        self.check_optimizer(optimizer)
         self.base_model_info(base_model)
         seeded = lora if lora.seed is not None else dataclasses.replace(lora, seed=secrets.randbits(63))
         request = Request(
@@ -194,7 +202,8 @@ class WorkersBackend(LoraFilesBackend):
         info = self.base_model_info(run.base_model)
         prepare_data(batch.data, loss_fn, info, vision, self._image_limits, self._max_sequence_tokens)
 
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+    def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
+        adam = adam_params(params)
         adam.validate()
         self._run(model_id)
         reply, _ = self._all(

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
-from tx.types import AdamParams, OptimStepResult
+from tx.types import OptimParams, OptimStepResult
 
 
 class ReplicatedTorchBackend(RankTorchBackend):
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+    def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
         self.sum_gradients(model_id)
-        return super().optim_step(model_id, adam)
+        return super().optim_step(model_id, params)
 
     def sum_gradients(self, model_id: str) -> None:
         """Every rank's accumulated gradients of the run, summed, on every rank (one collective)."""

@@ -33,7 +33,7 @@ from tx.backends.torch.optim import new_optimizer
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.multimodal import vision_processor
-from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig
+from tx.types import ADAMW, ForwardBackwardInput, ForwardBackwardResult, LoraConfig, OptimizerConfig
 
 
 class ShardedTorchBackend(RankTorchBackend):
@@ -52,8 +52,9 @@ class ShardedTorchBackend(RankTorchBackend):
             self._hosts[base_model] = AdapterHost(model, packing)
         return self._hosts[base_model]
 
-    def create_model(self, model_id: str, base_model: str, lora: LoraConfig) -> None:
-        super().create_model(model_id, base_model, lora)
+    def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
+                     optimizer: OptimizerConfig = ADAMW) -> None:
+        super().create_model(model_id, base_model, lora, optimizer)
         run = self._runs[model_id]
         host = self._hosts[base_model]
         host.activate(run.adapter)
