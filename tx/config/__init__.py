@@ -96,6 +96,10 @@ class Settings(BaseSettings):
         "instead of one retrieve_future per sample (scripts/bench/retrieve_futures.py measures both)."
     )
     proto_compress_fwdbwd: bool = Field(False, description="Ask clients to zstd forward_backward bodies.")
+    sample_join_sampling_session: bool = Field(
+        True, description="An unpickled SamplingClient asks the server for its number in the sampling session "
+        "(join_sampling_session) instead of drawing one at random, so no two clients' seq_ids can collide.",
+    )
     max_request_bytes: int = Field(
         200 << 20, gt=0, description="Largest body of forward_backward and asample (batches, images)."
     )

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
-from sqlalchemy import create_engine, delete, func, or_, select
+from sqlalchemy import create_engine, delete, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
@@ -340,6 +340,16 @@ class Store:
             if db.get(SamplingSessionRow, row.sampling_session_id) is None:
                 db.add(row)
         return row
+
+    def join_sampling_session(self, sampling_session_id: str, owner: str) -> int:
+        """A new client of the owner's sampling session: its number, unique in the session (the original is 0)."""
+        with self._tx() as db:
+            _owned(db, SamplingSessionRow, sampling_session_id, owner, f"sampler {sampling_session_id!r}")
+            db.execute(update(SamplingSessionRow)
+                       .where(SamplingSessionRow.sampling_session_id == sampling_session_id)
+                       .values(clients_joined=SamplingSessionRow.clients_joined + 1))
+            return int(db.scalar(select(SamplingSessionRow.clients_joined)
+                                 .where(SamplingSessionRow.sampling_session_id == sampling_session_id)) or 0)
 
     def get_sampling_session(self, sampling_session_id: str, owner: str) -> SamplingSessionRow:
         with self._tx() as db:

@@ -83,6 +83,8 @@ class SamplingSessionRow(Base):
     run_id: Mapped[str | None] = mapped_column(String(128))
     weights_dir: Mapped[str | None] = mapped_column(String(1024))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # clients that joined it (join_sampling_session: an unpickled SamplingClient); the original one is 0
+    clients_joined: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class RunMetricRow(Base):

@@ -13,15 +13,14 @@ from tx.api.usage import UsageReport, usage_report
 from tx.api.wire.schemas.client import (
     ClientConfigRequest,
     ClientConfigResponse,
-    GetServerCapabilitiesResponse,
-    HealthResponse,
-    SupportedModel,
+    ClientDynamicConfigResponse,
     TelemetryResponse,
     TelemetrySendRequest,
 )
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["client"], responses=COMMON_ERRORS)
+FWDBWD_CHUNK_BYTES = 5_000_000  # the SDK's default estimated bytes per forward_backward chunk
 
 
 @router.post("/client/config")
@@ -36,12 +35,23 @@ async def client_config(
     # request never sees its response and stalls until the SDK's 45-60 s read timeout. Closing the
     # connection here makes the client close it at once, on its own loop, leaving nothing to tear down.
     response.headers["Connection"] = "close"
+    settings = ctx.settings
     return ClientConfigResponse(
-        pjwt_auth_enabled=ctx.settings.jwt_auth,
-        proto_compress_fwdbwd=ctx.settings.proto_compress_fwdbwd,
-        sample_use_retrieve_futures=ctx.settings.sample_use_retrieve_futures,
+        pjwt_auth_enabled=settings.jwt_auth,
+        proto_compress_fwdbwd=settings.proto_compress_fwdbwd,
+        # a chunk's estimate must stay under the route's body limit, with room for the estimate's error
+        fwdbwd_max_chunk_bytes_count=min(FWDBWD_CHUNK_BYTES, settings.max_request_bytes // 2),
+        sample_max_concurrent_requests=settings.sampling_max_queue,  # more would only get 429s
+        sample_use_retrieve_futures=settings.sample_use_retrieve_futures,
         custom_loss_server_side=ctx.base_models.runs_custom_losses(),
+        sample_join_sampling_session=settings.sample_join_sampling_session,
     )
+
+
+@router.post("/client/dynamic_config")
+async def client_dynamic_config(body: ClientConfigRequest, _: Caller) -> ClientDynamicConfigResponse:
+    """tx stops a sample whose client gave up on it (cancel_future), so clients may send those cancels."""
+    return ClientDynamicConfigResponse(sample_cancel_enabled=True)
 
 
 @router.get("/healthz")

@@ -15,6 +15,8 @@ from tx.api.wire.schemas.sampling import (
     CreateSamplingSessionRequest,
     CreateSamplingSessionResponse,
     GetSamplerResponse,
+    JoinSamplingSessionRequest,
+    JoinSamplingSessionResponse,
 )
 from tx.types import UserError
 
@@ -36,6 +38,14 @@ async def create_sampling_session(
 async def get_sampler(sampler_id: str, ctx: Ctx, caller: Caller) -> GetSamplerResponse:
     view = await asyncio.to_thread(ctx.samplers.describe, caller.owner, sampler_id)
     return GetSamplerResponse(sampler_id=view.sampler_id, base_model=view.base_model, model_path=view.model_path)
+
+
+@router.post("/join_sampling_session")
+async def join_sampling_session(
+    body: JoinSamplingSessionRequest, ctx: Ctx, caller: Caller
+) -> JoinSamplingSessionResponse:
+    counter = await asyncio.to_thread(ctx.samplers.join, caller.owner, body.sampling_session_id)
+    return JoinSamplingSessionResponse(client_counter=counter)
 
 
 @router.post("/asample")

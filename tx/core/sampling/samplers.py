@@ -68,6 +68,11 @@ class Samplers:
                 "or deleted (or which expired): it can no longer sample"
             ) from None
 
+    def join(self, owner: str, sampler_id: str) -> int:
+        """join_sampling_session: the number of a new client of the caller's sampler (an unpickled SamplingClient
+        numbers its sample seq_ids from 1e9 x that number, so that no two clients' seq_ids collide)."""
+        return self.store.join_sampling_session(sampler_id, owner)
+
     def describe(self, owner: str, sampler_id: str) -> SamplerView:
         row = self.store.get_sampling_session(sampler_id, owner)
         return SamplerView(row.sampling_session_id, row.base_model, row.model_path)

@@ -1,10 +1,10 @@
-"""Sampling sessions: create and look up; the asample body is in `asample.py`."""
+"""Sampling sessions: create, look up and join; the asample body is in `asample.py`."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from tx.api.wire.schemas.base import WireRequest, WireResponse
 
@@ -32,3 +32,13 @@ class GetSamplerResponse(WireResponse):
     sampler_id: str
     base_model: str
     model_path: str | None = None
+
+
+class JoinSamplingSessionRequest(WireRequest):
+    sampling_session_id: str = Field(max_length=160)
+    type: Literal["join_sampling_session"] = "join_sampling_session"
+
+
+class JoinSamplingSessionResponse(WireResponse):
+    client_counter: int = Field(description="the new client's number in the sampling session (the original is 0)")
+    type: Literal["join_sampling_session"] = "join_sampling_session"
