@@ -25,7 +25,6 @@ from tx.api.wire.schemas.checkpoints import (
     SaveWeightsResponse,
 )
 from tx.api.wire.schemas.client import (
-    AuthTokenResponse,
     ClientConfigRequest,
     ClientConfigResponse,
     ClientDynamicConfigResponse,
@@ -41,6 +40,7 @@ from tx.api.wire.schemas.futures import (
     TryAgainResponse,
     UntypedAPIFuture,
 )
+from tx.api.wire.schemas.identity import AuthTokenResponse
 from tx.api.wire.schemas.models import (
     CreateModelRequest,
     CreateModelResponse,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.audit_schemas import AuditLogEntry, AuditLogResponse
+from tx.api.wire.schemas.audit import AuditLogEntry, AuditLogResponse
 from tx.core.audit import AuditEntry, urn
 
 router = APIRouter(tags=["audit"], responses=COMMON_ERRORS)

@@ -14,6 +14,9 @@ from tx.api.wire.schemas.client import (
     ClientConfigRequest,
     ClientConfigResponse,
     ClientDynamicConfigResponse,
+    GetServerCapabilitiesResponse,
+    HealthResponse,
+    SupportedModel,
     TelemetryResponse,
     TelemetrySendRequest,
 )

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Request
 
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.copy_schemas import CopyWeightsRequest, CopyWeightsResponse
+from tx.api.wire.schemas.copies import CopyWeightsRequest, CopyWeightsResponse
 from tx.core.checkpoints.copies import CopyTarget
 
 router = APIRouter(tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(404, 409))

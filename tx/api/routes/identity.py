@@ -9,8 +9,13 @@ from fastapi import APIRouter, HTTPException, Request
 from tx.api.auth import TokenIssuer
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
-from tx.api.wire.auth_schemas import KeyDetails, OrgDetails, SelfApiKeyResponse, UserDetails
-from tx.api.wire.schemas import AuthTokenResponse
+from tx.api.wire.schemas.identity import (
+    AuthTokenResponse,
+    KeyDetails,
+    OrgDetails,
+    SelfApiKeyResponse,
+    UserDetails,
+)
 
 router = APIRouter(tags=["auth"], responses=COMMON_ERRORS)
 ORG_NAME = "tx"  # tx has no organisations: every key is its own tenant

@@ -41,9 +41,6 @@ class ClientDynamicConfigResponse(WireResponse):
     sample_cancel_max_batch_size: int = 64
 
 
-class AuthTokenResponse(WireResponse):
-    jwt: str
-
 
 class SupportedModel(WireResponse):
     model_name: str | None = None

@@ -1,10 +1,10 @@
-"""JSON bodies of `POST /api/v1/copy_weights` (protocol §3.1 row 26), mirroring tinker 0.38.0."""
+"""JSON bodies of `POST /api/v1/copy_weights` (docs/wire-contract.md#copies), mirroring tinker 0.38.0."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from tx.api.wire.schemas import WireRequest, WireResponse
+from tx.api.wire.schemas.base import WireRequest, WireResponse
 
 
 class CopyWeightsRequest(WireRequest):

@@ -1,8 +1,13 @@
-"""JSON bodies of `GET /api/v1/auth/apikey/me` (protocol §3.1 row 44), which `tinker auth login` reads."""
+"""Who calls: the token exchange (`POST /api/v1/auth/token`, JWT mode) and `GET /api/v1/auth/apikey/me`, which
+`tinker auth login` reads."""
 
 from __future__ import annotations
 
-from tx.api.wire.schemas import WireResponse
+from tx.api.wire.schemas.base import WireResponse
+
+
+class AuthTokenResponse(WireResponse):
+    jwt: str
 
 
 class OrgDetails(WireResponse):

@@ -1,4 +1,4 @@
-"""JSON bodies of `GET /api/v1/audit` (protocol §3.1 row 41), mirroring tinker 0.38.0's AuditLogResponse."""
+"""JSON bodies of `GET /api/v1/audit` (docs/wire-contract.md#the-audit-log), mirroring tinker 0.38.0's AuditLogResponse."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from tx.api.wire.schemas import WireResponse
+from tx.api.wire.schemas.base import WireResponse
 
 
 class AuditLogEntry(WireResponse):
