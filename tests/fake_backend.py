@@ -19,16 +19,14 @@ from typing import Any
 import numpy as np
 
 from tx.backends.base import TrainingBackend
+from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
-    ADAMW,
     BaseModelInfo,
     ConflictError,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
-    OptimizerConfig,
-    OptimParams,
     OptimStepResult,
 )
 

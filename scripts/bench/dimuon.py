@@ -18,7 +18,7 @@ import time
 import torch
 
 from tx.backends.torch.optim import new_optimizer, optimizer_step
-from tx.types import ADAMW, DIMUON, AdamParams, DimuonParams
+from tx.optimizers import ADAMW, DIMUON, AdamParams, DimuonParams
 
 HIDDEN, MLP, KV = 4096, 12288, 8 * 128  # Qwen3-8B
 PROJECTIONS = {"q": (HIDDEN, HIDDEN), "k": (HIDDEN, KV), "v": (HIDDEN, KV), "o": (HIDDEN, HIDDEN),

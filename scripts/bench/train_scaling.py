@@ -44,7 +44,13 @@ from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.config.names import ShardBase
 from tx.models import write_tiny_text_model
-from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+from tx.optimizers import AdamParams
+from tx.types import (
+    Datum,
+    ForwardBackwardInput,
+    LoraConfig,
+    ModelInput,
+)
 
 LORA = LoraConfig(rank=8, seed=0)
 ADAM = AdamParams(learning_rate=1e-4)

@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+from tx.optimizers import AdamParams
+from tx.types import (
+    Datum,
+    ForwardBackwardInput,
+    LoraConfig,
+    ModelInput,
+)
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,7 +11,13 @@ from tx.backends.torch.backend import TorchBackend
 from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.models.tiny import write_tiny_text_model
-from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+from tx.optimizers import AdamParams
+from tx.types import (
+    Datum,
+    ForwardBackwardInput,
+    LoraConfig,
+    ModelInput,
+)
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,7 +18,13 @@ from tx.inference.launch.ray_launcher import RayLauncher
 from tx.models.tiny import write_tiny_text_model
 from tx.ray import connect
 from tx.ray.placement import PlacementSpec
-from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+from tx.optimizers import AdamParams
+from tx.types import (
+    Datum,
+    ForwardBackwardInput,
+    LoraConfig,
+    ModelInput,
+)
 
 pytestmark = pytest.mark.ray
 LORA = LoraConfig(rank=4, seed=5)

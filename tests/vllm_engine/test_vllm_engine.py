@@ -224,7 +224,8 @@ def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_m
 
     from tx.backends.jax.backend import JaxBackend
     from tx.inference.manager.versions import lora_spec, read_adapter
-    from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+    from tx.optimizers import AdamParams
+    from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
     def forward(tokens: list[int], forward_only: bool = True):
         datum = Datum(ModelInput.from_tokens(tokens[:-1]), {

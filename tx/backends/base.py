@@ -30,16 +30,13 @@ from typing import Any
 
 from tx.backends import datums
 from tx.backends.datums import DatumRules
+from tx.optimizers import ADAMW, AdamParams, OptimizerConfig, OptimParams
 from tx.types import (
-    ADAMW,
-    AdamParams,
     BaseModelInfo,
     CustomLoss,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
-    OptimizerConfig,
-    OptimParams,
     OptimStepResult,
     UserError,
 )

@@ -22,7 +22,8 @@ from tx.core.scheduler import Job, Scheduler
 from tx.core.sessions import live_session
 from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
-from tx.types import ADAMW, LoraConfig, OptimizerConfig, UserError, model_id_for
+from tx.optimizers import ADAMW, OptimizerConfig
+from tx.types import LoraConfig, UserError, model_id_for
 
 T = TypeVar("T")
 

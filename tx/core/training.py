@@ -18,16 +18,8 @@ from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
 from tx.core.views import optimizer_of_row
-from tx.types import (
-    ForwardBackwardInput,
-    ForwardBackwardResult,
-    ImageChunk,
-    OptimParams,
-    OptimStepResult,
-    TextChunk,
-    UserError,
-    optimizer_of,
-)
+from tx.optimizers import OptimParams, optimizer_of
+from tx.types import ForwardBackwardInput, ForwardBackwardResult, ImageChunk, OptimStepResult, TextChunk, UserError
 
 T = TypeVar("T")
 

@@ -14,7 +14,8 @@ from typing import Any
 from tx.core.checkpoints.files import TinkerPath
 from tx.store.store import Store
 from tx.store.tables import CheckpointRow, TrainingRunRow
-from tx.types import ADAMW, BaseModelInfo, LoraConfig, OptimizerConfig
+from tx.optimizers import ADAMW, OptimizerConfig
+from tx.types import BaseModelInfo, LoraConfig
 
 LATEST_KINDS = ("weights", "sampler_weights")
 

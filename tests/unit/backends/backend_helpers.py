@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tx.types import AdamParams, Datum, ForwardBackwardInput, ModelInput
+from tx.optimizers import AdamParams
+from tx.types import Datum, ForwardBackwardInput, ModelInput
 
 TINY_NAME = "tiny-qwen3"
 TINY_VOCAB = 512

@@ -24,7 +24,8 @@ from tx.backends.jax.step import JAX_OPS  # noqa: E402
 from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.backends.torch.ops import TORCH_OPS  # noqa: E402
 from tx.config.sections import TrainerSection  # noqa: E402
-from tx.types import AdamParams, ForwardBackwardInput, LoraConfig  # noqa: E402
+from tx.optimizers import AdamParams
+from tx.types import ForwardBackwardInput, LoraConfig  # noqa: E402
 
 LORA = LoraConfig(rank=4, seed=0)
 ADAM = AdamParams(learning_rate=1e-2, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.1, grad_clip_norm=0.5)

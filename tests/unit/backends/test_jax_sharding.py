@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     from backend_helpers import TINY_NAME, ce, sft_data
     from tx.backends.jax.backend import JaxBackend
-    from tx.types import AdamParams, LoraConfig
+    from tx.optimizers import AdamParams
+from tx.types import LoraConfig
 
     model_dir = Path(sys.argv[1])
     results = []

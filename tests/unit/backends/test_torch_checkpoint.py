@@ -12,7 +12,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tx.types import AdamParams, LoraConfig, UserError
+from tx.optimizers import AdamParams
+from tx.types import LoraConfig, UserError
 
 LORA = LoraConfig(rank=8, seed=0, train_mlp=False)
 DATA = sft_data(seed=0, count=2, length=17)

@@ -14,7 +14,8 @@ from backend_helpers import TINY_NAME, ce, grads, randomize, sft_data, snapshot
 from tx.backends.torch import fused as fused_module
 from tx.backends.torch.memory import TrainerOutOfMemory, activation_bytes_per_token, cuda_micro_batch_tokens
 from tx.config.sections import TrainerSection
-from tx.types import AdamParams, ForwardBackwardInput, LoraConfig, UserError
+from tx.optimizers import AdamParams
+from tx.types import ForwardBackwardInput, LoraConfig, UserError
 
 LORA = LoraConfig(rank=4, seed=0)
 

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from tx.backends.torch.lora import peft_config_for
 from tx.models.lora_targets import read_structure
-from tx.types import AdamParams, LoraConfig
+from tx.optimizers import AdamParams
+from tx.types import LoraConfig
 
 LORA = LoraConfig(rank=8, seed=0)
 

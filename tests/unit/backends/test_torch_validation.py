@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from backend_helpers import TINY_MAX_LEN, TINY_NAME, TINY_VOCAB, ce, datum
 
+from tx.optimizers import AdamParams
 from tx.types import (
-    AdamParams,
     ConflictError,
     Datum,
     ForwardBackwardInput,

@@ -16,8 +16,8 @@ from tx.backends.torch.workers import create_workers_backend
 from tx.backends.torch.workers.shares import split_by_tokens
 from tx.backends.torch.workers.messages import Request, WireDatum
 from tx.backends.torch.workers.policy import base_bytes, too_big
+from tx.optimizers import AdamParams
 from tx.types import (
-    AdamParams,
     Datum,
     ImageAssetPointer,
     ImageChunk,

@@ -19,8 +19,8 @@ from tx.core.futures import Future, FutureRegistry
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.store.store import Store
+from tx.optimizers import AdamParams
 from tx.types import (
-    AdamParams,
     ErrorCategory,
     ForwardBackwardInput,
     LoraConfig,

@@ -7,8 +7,8 @@ import pytest
 import torch
 from image_helpers import encode
 
+from tx.optimizers import AdamParams
 from tx.types import (
-    AdamParams,
     Datum,
     ForwardBackwardInput,
     ImageChunk,

@@ -11,11 +11,8 @@ from tinker.types._pydantic_types.tensor_data import TensorData as SdkTensorData
 from tx.api.wire import convert
 from tx.api.wire.schemas import models
 from tx.api.wire.schemas.asample import ModelInputJson, SampleRequestJson, TensorDataJson
+from tx.optimizers import ADAMW, DIMUON, AdamParams, DimuonParams
 from tx.types import (
-    ADAMW,
-    DIMUON,
-    AdamParams,
-    DimuonParams,
     ImageAssetPointer,
     ImageChunk,
     LoraConfig,

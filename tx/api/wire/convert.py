@@ -14,17 +14,14 @@ import numpy as np
 from tx.api.wire.codec import image_chunk
 from tx.api.wire.schemas import asample, models
 from tx.api.wire.tensors import densify_csr, reshape_dense
+from tx.optimizers import AdamParams, DimuonParams, OptimizerConfig, OptimParams
 from tx.types import (
     MAX_SAMPLES_PER_REQUEST,
     MAX_TOPK_PROMPT_LOGPROBS,
-    AdamParams,
     Chunk,
-    DimuonParams,
     ImageAssetPointer,
     LoraConfig,
     ModelInput,
-    OptimizerConfig,
-    OptimParams,
     SampleRequest,
     SamplingParams,
     TextChunk,

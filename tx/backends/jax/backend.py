@@ -31,16 +31,14 @@ from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
+from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
-    ADAMW,
     BaseModelInfo,
     ConflictError,
     ForwardBackwardInput,
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
-    OptimizerConfig,
-    OptimParams,
     OptimStepResult,
 )
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tx.types import AdamParams
+from tx.optimizers import AdamParams
 
 _ADAMW = optax.inject_hyperparams(optax.adamw)(
     learning_rate=0.0, b1=0.9, b2=0.95, eps=1e-12, weight_decay=0.0

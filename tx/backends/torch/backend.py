@@ -45,8 +45,8 @@ from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.config.sections import TrainerSection
 from tx.multimodal import ImageLimits, vision_processor
 from tx.devices import resolve_device
+from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
-    ADAMW,
     BaseModelInfo,
     ConflictError,
     CustomLoss,
@@ -54,8 +54,6 @@ from tx.types import (
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
-    OptimizerConfig,
-    OptimParams,
     OptimStepResult,
     UserError,
 )

@@ -23,7 +23,8 @@ import peft
 import torch
 from safetensors.torch import load_file, save_file
 
-from tx.types import ADAMW, LoraConfig, OptimizerConfig, UserError
+from tx.optimizers import ADAMW, OptimizerConfig
+from tx.types import LoraConfig, UserError
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 STATE_FILE = "tx_state.json"

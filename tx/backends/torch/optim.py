@@ -10,7 +10,8 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tx.backends.torch.dimuon import Dimuon
-from tx.types import ADAMW, AdamParams, DimuonParams, OptimizerConfig, OptimParams, UserError
+from tx.optimizers import ADAMW, AdamParams, DimuonParams, OptimizerConfig, OptimParams
+from tx.types import UserError
 
 
 def new_optimizer(params: Iterable[torch.nn.Parameter], config: OptimizerConfig = ADAMW) -> torch.optim.Optimizer:

@@ -38,8 +38,8 @@ from tx.backends.torch.workers.group import Message, WorkerDied, WorkerGroup
 from tx.backends.torch.workers.messages import Reply, Request, WireAdam, WireBatch, WireCall, WireLora
 from tx.backends.torch.workers.shares import combine_metrics, split_by_tokens
 from tx.multimodal import ImageLimits, vision_processor
+from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
-    ADAMW,
     BaseModelInfo,
     ConflictError,
     Datum,
@@ -47,8 +47,6 @@ from tx.types import (
     ForwardBackwardResult,
     LoraConfig,
     NotFoundError,
-    OptimizerConfig,
-    OptimParams,
     OptimStepResult,
     UserError,
 )

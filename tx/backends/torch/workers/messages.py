@@ -19,8 +19,8 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tx.config.sections import TrainerSection
+from tx.optimizers import AdamParams
 from tx.types import (
-    AdamParams,
     Chunk,
     Datum,
     ForwardBackwardInput,

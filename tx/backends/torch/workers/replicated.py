@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
-from tx.types import OptimParams, OptimStepResult
+from tx.optimizers import OptimParams
+from tx.types import OptimStepResult
 
 
 class ReplicatedTorchBackend(RankTorchBackend):

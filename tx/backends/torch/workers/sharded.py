@@ -33,7 +33,8 @@ from tx.backends.torch.optim import new_optimizer
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.multimodal import vision_processor
-from tx.types import ADAMW, ForwardBackwardInput, ForwardBackwardResult, LoraConfig, OptimizerConfig
+from tx.optimizers import ADAMW, OptimizerConfig
+from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig
 
 
 class ShardedTorchBackend(RankTorchBackend):

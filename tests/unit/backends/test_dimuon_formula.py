@@ -9,7 +9,8 @@ from backend_helpers import TINY_NAME, ce, grads, randomize, sft_data, snapshot
 
 from tx.backends.torch import checkpoint
 from tx.backends.torch.dimuon import orthogonalize
-from tx.types import DIMUON, AdamParams, DimuonParams, LoraConfig, UserError
+from tx.optimizers import DIMUON, AdamParams, DimuonParams
+from tx.types import LoraConfig, UserError
 
 LORA = LoraConfig(rank=4, seed=0, train_mlp=False)
 DATA = sft_data(seed=1, count=2, length=17)
