@@ -239,7 +239,8 @@ class StopReason(str, Enum):
 
 
 MAX_SAMPLES_PER_REQUEST = 1024  # `num_samples` of one sample call; every engine accepts this many
-MAX_TOPK_PROMPT_LOGPROBS = 1024
+MAX_TOPK_PROMPT_LOGPROBS = 1024  # also the most top-k per sampled token, and distinct target_prompt_logprobs ids
+MAX_PROMPT_ALT_CELLS = 1 << 20  # len(prompt) x prompt_alt_tokens_k of one request
 
 
 @dataclass(frozen=True)
@@ -281,6 +282,29 @@ class ExpandedInput:
 
 
 @dataclass(frozen=True)
+class TargetTokens:
+    """target_prompt_logprobs: `ids` [len(prompt) - 1, K] (int64, -1 = none), row i scored at prompt position i + 1;
+    `csr` the (row pointers, column indices) the request named them by, which the answer keeps (None: dense)."""
+
+    ids: np.ndarray
+    csr: tuple[np.ndarray, np.ndarray] | None = None
+
+    def first_row(self) -> int:
+        """The first row that names an id (rows before it are not scored)."""
+        named = np.flatnonzero((self.ids >= 0).any(axis=1))
+        return int(named[0]) if named.size else len(self.ids)
+
+
+@dataclass(frozen=True)
+class TargetLogprobs:
+    """The answer to TargetTokens: `values` [len(prompt) - 1, K] float32 (0.0 where no id was named), laid out as
+    the request was (`csr`: its row pointers and column indices; None: dense)."""
+
+    values: np.ndarray
+    csr: tuple[np.ndarray, np.ndarray] | None = None
+
+
+@dataclass(frozen=True)
 class SampleRequest:
     """One sample call, from the API's edge to the engine client's (one object all the way; `tx/api/wire` and
     `tx/inference/manager/client.py` convert it at the two edges). `expanded` is the prompt as the model sees
@@ -293,6 +317,9 @@ class SampleRequest:
     topk_prompt_logprobs: int = 0
     prompt_logprobs_last_n: int | None = None
     record_stability_info: bool = False  # record every sampled sequence for StableReinforce (core/sampling/records.py)
+    topk_sample_logprobs: int = 0
+    target_prompt_logprobs: TargetTokens | None = None
+    prompt_alt_tokens_k: int = 0
     expanded: ExpandedInput | None = None
 
     def model_input(self) -> ExpandedInput:
@@ -305,18 +332,22 @@ class SampledSequence:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: StopReason
+    topk: tuple[np.ndarray, np.ndarray] | None = None  # (token ids, logprobs) [len(tokens), k], when asked for
 
 
 @dataclass
 class SampleResult:
     """`prompt_logprobs` has one entry per prompt position, NaN where there is none (position 0,
     or positions before `prompt_logprobs_last_n`). `topk_prompt_logprobs` is (token_ids, logprobs),
-    each of shape [len(prompt), k], when asked for."""
+    each of shape [len(prompt), k], when asked for. `prompt_alt_tokens` is (token ids, logprobs), each
+    [len(prompt) - 1, k]."""
 
     sequences: list[SampledSequence]
     prompt_logprobs: np.ndarray | None = None
     topk_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None
     weights_version: int | None = None  # the weight version the engine sampled with (None: the base model's)
+    target_prompt_logprobs: TargetLogprobs | None = None
+    prompt_alt_tokens: tuple[np.ndarray, np.ndarray] | None = None
 
 
 # Hears a sample's tokens as they are generated: (sample index, new token ids, their raw logprobs).

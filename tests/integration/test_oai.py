@@ -81,6 +81,28 @@ def test_chat_uses_the_models_chat_template(client: openai.OpenAI, trained) -> N
     assert text == out.choices[0].message.content
 
 
+def test_logprobs_and_top_logprobs_are_the_samplers(client: openai.OpenAI, trained) -> None:
+    path, sampler, tokenizer = trained
+    tokens = tokenizer.encode(PROMPT)
+    answer = sampler.sample(types.ModelInput.from_ints(tokens), 1, types.SamplingParams(max_tokens=6, temperature=0.0),
+                            topk_sample_logprobs=3).result().sequences[0]
+    top = answer.topk_logprobs_np
+    out = client.completions.create(model=path, prompt=tokens, max_tokens=6, temperature=0.0, logprobs=3)
+    logprobs = out.choices[0].logprobs
+    kept = len(logprobs.token_logprobs)
+    assert logprobs.token_logprobs == pytest.approx(answer.logprobs[:kept], abs=1e-6)
+    for row, ids, values in zip(logprobs.top_logprobs, top.token_ids, top.logprobs):
+        assert row == pytest.approx({tokenizer.decode([int(t)]): float(v) for t, v in zip(ids, values)}, abs=1e-6)
+    chat = client.chat.completions.create(model=path, messages=[{"role": "user", "content": PROMPT}], max_tokens=4,
+                                          temperature=0.0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.logprob - 1e-6
+                           for c in content)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(model=path, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       top_logprobs=2)
+
+
 def test_stop_strings_n_and_seed(client: openai.OpenAI, trained) -> None:
     path, _, _ = trained
     out = client.completions.create(model=path, prompt=PROMPT, max_tokens=12, n=3, seed=7, temperature=1.0)

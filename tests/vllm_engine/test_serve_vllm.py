@@ -14,6 +14,7 @@ from live_engine import vllm_missing
 from tinker import types
 
 from rl_toy import assert_reward_rose, run_rl_toy
+from sampling_options import assert_options_match_the_trainer
 from txserver import TxServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -78,6 +79,15 @@ def test_sampler_logprobs_match_trainer(client: tinker.ServiceClient) -> None:
         tc.forward_backward([sft_datum()], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     assert_sampler_matches_trainer(tc)
+
+
+def test_every_sampling_option_matches_the_trainer(client: tinker.ServiceClient) -> None:
+    """topk_sample_logprobs, target_prompt_logprobs and prompt_alt_tokens_k through vLLM, with a LoRA adapter."""
+    tc = client.create_lora_training_client(BASE, rank=8, seed=2).result()
+    tc.forward_backward([sft_datum()], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    prompt = np.random.default_rng(3).integers(10, 1990, size=16).tolist()
+    assert_options_match_the_trainer(tc, tc.save_weights_and_get_sampling_client("options"), prompt)
 
 
 def test_killed_vllm_engine_is_restarted_and_the_next_sample_succeeds(server: TxServer,

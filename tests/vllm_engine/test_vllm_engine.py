@@ -68,7 +68,8 @@ def test_greedy_and_prompt_logprobs_match_transformers(vllm_engine, reference_mo
     last = vllm_engine.generate(
         prompt_token_ids=PROMPT, max_tokens=0, prompt_logprobs=True, prompt_logprobs_last_n=2
     )
-    assert last["sequences"] == [{"token_ids": [], "logprobs": [], "stop_reason": "length"}]
+    assert last["sequences"] == [
+        {"token_ids": [], "logprobs": [], "stop_reason": "length", "topk_logprobs": None}]
     assert last["prompt_logprobs"][:3] == [None, None, None]
     assert last["prompt_logprobs"][3:] == pytest.approx(expected[2:], abs=1e-3)
 

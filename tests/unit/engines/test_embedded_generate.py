@@ -50,7 +50,7 @@ def test_prompt_logprobs_and_last_n(engine, reference_model):
     )
     assert last["prompt_logprobs"][:-2] == [None] * (len(prompt) - 2)
     assert last["prompt_logprobs"][-2:] == pytest.approx(expected[-2:], abs=1e-4)
-    assert last["sequences"][0] == {"token_ids": [], "logprobs": [], "stop_reason": "length"}
+    assert last["sequences"][0] == {"token_ids": [], "logprobs": [], "stop_reason": "length", "topk_logprobs": None}
 
 
 def test_seeded_samples_are_reproducible(engine):

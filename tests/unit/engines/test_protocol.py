@@ -7,6 +7,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
+from tx.inference.manager.samples import generate_request, sample_result
 from tx.inference.protocol import GenerateRequest, GenerateResponse, WeightsUpdateRequest
 from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason
 
@@ -20,12 +21,12 @@ def test_from_sample_request_carries_every_field():
         ModelInput.from_tokens([1, 2, 3]), num_samples=4, params=params, prompt_logprobs=True,
         topk_prompt_logprobs=2, prompt_logprobs_last_n=1,
     )
-    wire = GenerateRequest.from_sample_request(request, adapter="run-1", cache_namespace="ab12")
+    wire = generate_request(request, adapter="run-1", cache_namespace="ab12")
     assert wire.model_dump() == {
         "prompt_token_ids": [1, 2, 3], "images": [], "n": 4, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7,
         "seed": 3, "stop_token_ids": [9], "stop_strings": ["\n"], "stop_at_eos": False, "resumed_tokens": 0,
-        "prompt_logprobs": True, "topk_prompt_logprobs": 2, "prompt_logprobs_last_n": 1, "adapter": "run-1",
-        "cache_namespace": "ab12",
+        "prompt_logprobs": True, "topk_prompt_logprobs": 2, "prompt_logprobs_last_n": 1, "topk_sample_logprobs": 0,
+        "target_token_ids": None, "prompt_alt_tokens_k": 0, "adapter": "run-1", "cache_namespace": "ab12",
     }
 
 
@@ -35,7 +36,7 @@ def test_to_sample_result():
         "prompt_logprobs": [None, -0.5],
         "topk_prompt_logprobs": [None, [[3, -0.1], [4, -0.5]]],
     })
-    result = response.to_sample_result()
+    result = sample_result(response)
     assert result.sequences[0].stop_reason is StopReason.STOP and result.sequences[0].tokens == [4, 5]
     assert math.isnan(result.prompt_logprobs[0]) and result.prompt_logprobs[1] == -0.5
     ids, logprobs = result.topk_prompt_logprobs
@@ -43,7 +44,7 @@ def test_to_sample_result():
     aborted = response.model_copy(update={"sequences": [response.sequences[0].model_copy(
         update={"stop_reason": "abort"})]})
     with pytest.raises(ValueError, match="aborted"):
-        aborted.to_sample_result()
+        sample_result(aborted)
 
 
 def test_validation():

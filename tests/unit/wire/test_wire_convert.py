@@ -125,17 +125,28 @@ def test_bad_prompts():
         (dict(sampling_params=sdk.SamplingParams(temperature=-1)), "temperature"),
         (dict(sampling_params=sdk.SamplingParams(top_p=0)), "top_p"),
         (dict(sampling_params=sdk.SamplingParams(top_k=-5)), "top_k"),
-        (dict(topk_sample_logprobs=3), "topk_sample_logprobs"),
-        (dict(prompt_alt_tokens_k=2), "prompt_alt_tokens_k"),
-        (
-            dict(target_prompt_logprobs=SdkTensorDataModel(data=[1, -1, 2], dtype="int64", shape=[3, 1])),
-            "target_prompt",
-        ),
+        (dict(topk_sample_logprobs=1025), "topk_sample_logprobs"),
+        (dict(prompt_alt_tokens_k=-1), "prompt_alt_tokens_k"),
+        (dict(target_prompt_logprobs=SdkTensorDataModel(data=[1, 2], dtype="int64", shape=[2, 1])), "3 rows"),
+        (dict(target_prompt_logprobs=SdkTensorDataModel(data=[-1, -1, -1], dtype="int64", shape=[3, 1])), "names no"),
+        (dict(target_prompt_logprobs=SdkTensorDataModel(data=[1.0, 2.0, 3.0], dtype="float32", shape=[3, 1])),
+         "int64"),
+        (dict(target_prompt_logprobs=SdkTensorDataModel(data=[1, -2, 3], dtype="int64", shape=[3, 1])), "ids >= -1"),
     ],
 )
 def test_rejected_sample_requests(overrides, match):
     with pytest.raises(UserError, match=match):
         to_domain(**overrides)
+
+
+def test_prompt_scores_convert_keeping_a_sparse_layout():
+    sparse = SdkTensorDataModel(data=[7, 8], dtype="int64", shape=[3, 2], sparse_crow_indices=[0, 0, 0, 2],
+                                sparse_col_indices=[0, 1])
+    request = to_domain(topk_sample_logprobs=3, prompt_alt_tokens_k=2, target_prompt_logprobs=sparse)
+    assert (request.topk_sample_logprobs, request.prompt_alt_tokens_k) == (3, 2)
+    target = request.target_prompt_logprobs
+    assert target.ids.tolist() == [[-1, -1], [-1, -1], [7, 8]] and target.first_row() == 2
+    assert [a.tolist() for a in target.csr] == [[0, 0, 0, 2], [0, 1]]
 
 
 def test_tensor_data_from_json_dense_and_csr_with_pad():

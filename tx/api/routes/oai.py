@@ -40,7 +40,7 @@ async def models(ctx: Ctx, _: Caller) -> dict:
 async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> dict | StreamingResponse:
     body.refuse_unsupported()
     job = await ctx.text.prepare_completion(caller.owner, body.model, body.prompt, _params(body, body.max_tokens),
-                                            body.n)
+                                            body.n, body.top_logprobs())
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
     if body.stream:
         return await _stream(ctx.text, job, {**head, "object": "text_completion"}, chat=False)
@@ -58,7 +58,8 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
     body.refuse_unsupported()
     messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
     params = _params(body, body.max_new_tokens(CHAT_DEFAULT_MAX_TOKENS))
-    job = await ctx.text.prepare_chat(caller.owner, body.model, messages, params, body.n)
+    job = await ctx.text.prepare_chat(caller.owner, body.model, messages, params, body.n,
+                                      body.alternatives() if body.logprobs else 0)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
     if body.stream:
         return await _stream(ctx.text, job, {**head, "object": "chat.completion.chunk"}, chat=True)
@@ -84,14 +85,17 @@ def _usage(result: TextResult) -> dict:
 def _completion_logprobs(choice: TextChoice) -> dict:
     kept = _kept(choice)
     offsets = list(itertools.accumulate((len(p) for p in choice.pieces[:kept]), initial=0))[:kept]
-    return {"tokens": choice.pieces[:kept], "token_logprobs": choice.logprobs[:kept], "top_logprobs": None,
+    top = [dict(alternatives) for alternatives in choice.top[:kept]] if choice.top else None
+    return {"tokens": choice.pieces[:kept], "token_logprobs": choice.logprobs[:kept], "top_logprobs": top,
             "text_offset": offsets}
 
 
 def _chat_logprobs(choice: TextChoice) -> dict:
     kept = _kept(choice)
-    content = [{"token": piece, "logprob": lp, "bytes": list(piece.encode()), "top_logprobs": []}
-               for piece, lp in zip(choice.pieces[:kept], choice.logprobs[:kept])]
+    tops = choice.top[:kept] if choice.top else [[] for _ in range(kept)]
+    content = [{"token": piece, "logprob": lp, "bytes": list(piece.encode()),
+                "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in top]}
+               for piece, lp, top in zip(choice.pieces[:kept], choice.logprobs[:kept], tops)]
     return {"content": content}
 
 

@@ -19,6 +19,7 @@ import zstandard
 from google.protobuf.message import DecodeError
 
 from tx.api.wire import tinker_public_pb2 as pb
+from tx.api.wire.prompt_scores import alt_tokens, target_tensor
 from tx.api.wire.tensors import densify_csr, reshape_dense
 from tx.types import (
     IMAGE_FORMATS,
@@ -294,6 +295,10 @@ def encode_sample_response(result: SampleResult) -> bytes:
     if result.topk_prompt_logprobs is not None:
         token_ids, logprobs = result.topk_prompt_logprobs
         msg.topk_prompt_logprobs.CopyFrom(_topk_logprobs(token_ids, logprobs))
+    if result.target_prompt_logprobs is not None:
+        msg.target_prompt_logprobs.CopyFrom(target_tensor(result.target_prompt_logprobs))
+    if result.prompt_alt_tokens is not None:
+        msg.prompt_alt_tokens.CopyFrom(alt_tokens(*result.prompt_alt_tokens))
     return msg.SerializeToString()
 
 
@@ -306,6 +311,8 @@ def _sampled_sequence(sequence: SampledSequence) -> pb.SampledSequence:
         if len(sequence.logprobs) != len(sequence.tokens):
             raise ValueError(f"{len(sequence.logprobs)} logprobs for {len(sequence.tokens)} sampled tokens")
         msg.logprobs = np.asarray(sequence.logprobs, dtype="<f4").tobytes()
+    if sequence.topk is not None:
+        msg.topk_sampled_logprobs.CopyFrom(_topk_logprobs(*sequence.topk))
     return msg
 
 

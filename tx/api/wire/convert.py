@@ -17,6 +17,7 @@ from tx.api.wire.tensors import densify_csr, reshape_dense
 from tx.optimizers import AdamParams, DimuonParams, OptimizerConfig, OptimParams
 from tx.types import (
     MAX_SAMPLES_PER_REQUEST,
+    MAX_PROMPT_ALT_CELLS,
     MAX_TOPK_PROMPT_LOGPROBS,
     Chunk,
     ImageAssetPointer,
@@ -24,6 +25,7 @@ from tx.types import (
     ModelInput,
     SampleRequest,
     SamplingParams,
+    TargetTokens,
     TextChunk,
     UserError,
 )
@@ -149,7 +151,6 @@ def optim_step_params_to_domain(request: models.OptimStepRequest) -> OptimParams
 
 
 def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleRequest:
-    _reject_unsupported_sampling_features(request)
     if not 1 <= request.num_samples <= MAX_SAMPLES_PER_REQUEST:
         raise UserError(f"num_samples must be in [1, {MAX_SAMPLES_PER_REQUEST}], got {request.num_samples}")
     if not 0 <= request.topk_prompt_logprobs <= MAX_TOPK_PROMPT_LOGPROBS:
@@ -162,6 +163,10 @@ def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleReques
     last_n = request.prompt_logprobs_last_n
     if last_n is not None:
         _check_prompt_logprobs_last_n(last_n, prompt, bool(request.prompt_logprobs))
+    check_prompt_scores(prompt, request.topk_sample_logprobs, request.prompt_alt_tokens_k)
+    target = None
+    if request.target_prompt_logprobs is not None:
+        target = target_tokens_from_json(request.target_prompt_logprobs, prompt)
     return SampleRequest(
         prompt=prompt,
         num_samples=request.num_samples,
@@ -170,18 +175,43 @@ def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleReques
         topk_prompt_logprobs=request.topk_prompt_logprobs,
         prompt_logprobs_last_n=last_n,
         record_stability_info=bool(request.record_stability_info),
+        topk_sample_logprobs=request.topk_sample_logprobs,
+        target_prompt_logprobs=target,
+        prompt_alt_tokens_k=request.prompt_alt_tokens_k,
     )
 
 
-def _reject_unsupported_sampling_features(request: asample.SampleRequestJson) -> None:
-    unsupported = {
-        "topk_sample_logprobs": request.topk_sample_logprobs > 0,
-        "target_prompt_logprobs": request.target_prompt_logprobs is not None,
-        "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
-    }
-    asked = [name for name, used in unsupported.items() if used]
-    if asked:
-        raise UserError(f"sampling option(s) not supported by this server: {', '.join(asked)}")
+def check_prompt_scores(prompt: ModelInput, topk_sample: int, alt_k: int) -> None:
+    if not 0 <= topk_sample <= MAX_TOPK_PROMPT_LOGPROBS:
+        raise UserError(f"topk_sample_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {topk_sample}")
+    if alt_k < 0:
+        raise UserError(f"prompt_alt_tokens_k must be >= 0, got {alt_k}")
+    if alt_k and prompt.has_images:
+        raise UserError("prompt_alt_tokens_k needs a text-only prompt on this server")
+    if alt_k and alt_k * len(prompt.text_tokens()) > MAX_PROMPT_ALT_CELLS:
+        raise UserError(f"len(prompt) x prompt_alt_tokens_k = {alt_k * len(prompt.text_tokens())} is over "
+                        f"{MAX_PROMPT_ALT_CELLS}")
+
+
+def target_tokens_from_json(tensor: asample.TensorDataJson, prompt: ModelInput) -> TargetTokens:
+    """target_prompt_logprobs: int64 [len(prompt) - 1, K], dense or CSR (unlisted cells are -1, as the SDK pads),
+    at least one id, at most MAX_TOPK_PROMPT_LOGPROBS distinct ids."""
+    if prompt.has_images:
+        raise UserError("target_prompt_logprobs needs a text-only prompt on this server")
+    if tensor.dtype != "int64" or len(tensor.shape or ()) != 2:
+        raise UserError(f"target_prompt_logprobs must be a 2-D int64 tensor, got {tensor.dtype} {tensor.shape}")
+    ids, rows = tensor_data_from_json(tensor, pad_value=-1), len(prompt.text_tokens()) - 1
+    if ids.shape[0] != rows:
+        raise UserError(f"target_prompt_logprobs needs len(prompt) - 1 = {rows} rows, got {ids.shape[0]}")
+    named = np.unique(ids[ids >= 0])
+    if not named.size:
+        raise UserError("target_prompt_logprobs names no token id (every cell is -1)")
+    if named.size > MAX_TOPK_PROMPT_LOGPROBS or ids.min() < -1:
+        raise UserError(f"target_prompt_logprobs takes ids >= -1, at most {MAX_TOPK_PROMPT_LOGPROBS} distinct ones")
+    csr = None
+    if tensor.sparse_crow_indices is not None and tensor.sparse_col_indices is not None:
+        csr = np.asarray(tensor.sparse_crow_indices, np.int64), np.asarray(tensor.sparse_col_indices, np.int64)
+    return TargetTokens(ids, csr)
 
 
 def _check_prompt_logprobs_last_n(last_n: int, prompt: ModelInput, prompt_logprobs: bool) -> None:

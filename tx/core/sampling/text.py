@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +26,15 @@ from tx.core.sampling.detokenize import decode_pieces
 from tx.core.sampling.samplers import Samplers
 from tx.core.sampling.service import SamplingService
 from tx.core.sampling.text_stream import TextStream
-from tx.types import ModelInput, SampleRequest, SamplingParams, StopReason, TokenListener, UserError
+from tx.types import (
+    ModelInput,
+    SampledSequence,
+    SampleRequest,
+    SamplingParams,
+    StopReason,
+    TokenListener,
+    UserError,
+)
 
 T = TypeVar("T")
 
@@ -38,6 +46,7 @@ class TextChoice:
     pieces: list[str]  # `text` split by token (empty strings where a token adds no text), for streaming
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
+    top: list[list[tuple[str, float]]] = field(default_factory=list)  # per token: k best (text, raw logprob)
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class TextJob:
     tokens: list[int]
     params: SamplingParams
     n: int
+    top_logprobs: int = 0  # alternatives per sampled token (the OpenAI routes' logprobs / top_logprobs)
 
 
 class TextSampling:
@@ -73,15 +83,15 @@ class TextSampling:
         return sorted(self._model_dirs)
 
     async def complete(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
-                       n: int) -> TextResult:
-        return await self.run(await self.prepare_completion(owner, model, prompt, params, n))
+                       n: int, top_logprobs: int = 0) -> TextResult:
+        return await self.run(await self.prepare_completion(owner, model, prompt, params, n, top_logprobs))
 
     async def chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
-                   n: int) -> TextResult:
-        return await self.run(await self.prepare_chat(owner, model, messages, params, n))
+                   n: int, top_logprobs: int = 0) -> TextResult:
+        return await self.run(await self.prepare_chat(owner, model, messages, params, n, top_logprobs))
 
     async def prepare_completion(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
-                                 n: int) -> TextJob:
+                                 n: int, top_logprobs: int = 0) -> TextJob:
         base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
         if isinstance(prompt, list):
@@ -90,26 +100,26 @@ class TextSampling:
             tokens = await self._off_loop(base_model, lambda: tokenizer.encode(prompt, add_special_tokens=False))
         if any(not 0 <= token < len(tokenizer) for token in tokens):
             raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
-        return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
+        return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n, top_logprobs)
 
     async def prepare_chat(self, owner: str, model: str, messages: list[dict[str, str]], params: SamplingParams,
-                           n: int) -> TextJob:
+                           n: int, top_logprobs: int = 0) -> TextJob:
         base_model, weights_dir = await asyncio.to_thread(self._samplers.target, owner, model)
         tokenizer = await self._tokenizer(base_model)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")
         tokens = await self._off_loop(base_model, lambda: _render_chat(tokenizer, base_model, messages))
-        return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n)
+        return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n, top_logprobs)
 
     async def run(self, job: TextJob, on_tokens: TokenListener | None = None) -> TextResult:
         """Sample `job`; `on_tokens` hears each choice's tokens as they are generated (on the event loop:
         `text_stream.py` makes text of them)."""
-        request = SampleRequest(prompt=ModelInput.from_tokens(job.tokens), num_samples=job.n, params=job.params)
+        request = SampleRequest(prompt=ModelInput.from_tokens(job.tokens), num_samples=job.n, params=job.params,
+                                topk_sample_logprobs=job.top_logprobs)
         result = await self._sampling.generate(job.owner, job.base_model, job.weights_dir, job.label, request,
                                                on_tokens=on_tokens)
         choices = await self._off_loop(job.base_model, lambda: [
-            _choice(job.tokenizer, seq.tokens, seq.logprobs, seq.stop_reason, job.params.stop_strings)
-            for seq in result.sequences
+            _choice(job.tokenizer, seq, job.params.stop_strings) for seq in result.sequences
         ])
         completion_tokens = sum(len(seq.tokens) for seq in result.sequences)
         return TextResult(prompt_tokens=len(job.tokens), completion_tokens=completion_tokens, choices=choices)
@@ -139,10 +149,10 @@ class TextSampling:
 
 
 def _job(owner: str, tokenizer: Any, base_model: str, weights_dir: Path | None, label: str, tokens: list[int],
-         params: SamplingParams, n: int) -> TextJob:
+         params: SamplingParams, n: int, top_logprobs: int) -> TextJob:
     if not tokens:
         raise UserError("the prompt is empty")
-    return TextJob(owner, tokenizer, base_model, weights_dir, label, list(tokens), params, n)
+    return TextJob(owner, tokenizer, base_model, weights_dir, label, list(tokens), params, n, top_logprobs)
 
 
 def _render_chat(tokenizer: Any, base_model: str, messages: list[dict[str, str]]) -> list[int]:
@@ -153,13 +163,19 @@ def _render_chat(tokenizer: Any, base_model: str, messages: list[dict[str, str]]
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _choice(tokenizer: Any, tokens: list[int], logprobs: list[float], stop_reason: StopReason,
-            stop_strings: tuple[str, ...]) -> TextChoice:
+def _choice(tokenizer: Any, sequence: SampledSequence, stop_strings: tuple[str, ...]) -> TextChoice:
+    tokens = sequence.tokens
     pieces = decode_pieces(tokenizer, tokens)
     full = "".join(pieces)
     cuts = [i for i in (full.find(stop) for stop in stop_strings) if i >= 0]
     text = full[: min(cuts)] if cuts else full
     ends = itertools.accumulate(len(piece) for piece in pieces)  # each piece clipped to the text kept
     pieces = [text[max(0, end - len(piece)):end] for piece, end in zip(pieces, ends)]
-    finish = "stop" if stop_reason == StopReason.STOP else "length"
-    return TextChoice(text=text, tokens=list(tokens), pieces=pieces, logprobs=list(logprobs), finish_reason=finish)
+    finish = "stop" if sequence.stop_reason == StopReason.STOP else "length"
+    top = []
+    if sequence.topk is not None:  # the alternatives' own text, each decoded alone
+        ids, values = sequence.topk
+        top = [[(tokenizer.decode([int(t)]), float(v)) for t, v in zip(row_ids, row_values) if t >= 0]
+               for row_ids, row_values in zip(ids, values)]
+    return TextChoice(text=text, tokens=list(tokens), pieces=pieces, logprobs=list(sequence.logprobs),
+                      finish_reason=finish, top=top)

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from tx.inference.manager.resume import StillAborted, Wait, complete
+from tx.inference.manager.samples import generate_request, sample_result
 from tx.inference.protocol import (
     ROUTE_GENERATE,
     ROUTE_GENERATE_STREAM,
@@ -158,6 +159,6 @@ class InferenceClient:
         """The domain's sample on `engine` (with `adapter`, or the base model; in its own prefix-cache namespace
         if given): this client is its edge, where the request becomes the engine contract's and the answer the
         domain's result. `on_tokens`: stream (`generate`)."""
-        generate = GenerateRequest.from_sample_request(request, adapter, cache_namespace)
+        generate = generate_request(request, adapter, cache_namespace)
         answer = await self.generate(engine, session_key, generate, on_abort, on_tokens)
-        return answer.to_sample_result()
+        return sample_result(answer, request)

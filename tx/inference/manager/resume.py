@@ -9,7 +9,8 @@ The whole story, in one place:
   tokens so far appended to the prompt and `max_tokens` reduced by as many, until it ends, at most
   `MAX_ABORT_ROUNDS` times. A seeded resend after k tokens uses `seed + index + k * n`: a stream of its own
   (sample j of the request uses `seed + j`, and two samples cut after the same k must not share one), and the
-  same one for the same cut. Prompt logprobs are never asked again: the first answer has them.
+  same one for the same cut. Prompt logprobs (and target logprobs, alternative tokens) are never asked
+  again: the first answer has them; the top-k of each sampled token is asked again, for the new tokens.
 - What engines do (the contract's `GenerateRequest.resumed_tokens`, `tx/inference/engines/stops.py`): a stop
   string may start in the resent tokens' text and end in the new text; engines match it there.
 """
@@ -54,16 +55,20 @@ async def complete(send: Send, request: GenerateRequest, first: GenerateResponse
 async def _resend_until_done(send: Send, request: GenerateRequest, index: int, partial: GeneratedSequence,
                              ready: Wait) -> GeneratedSequence:
     tokens, logprobs = list(partial.token_ids), list(partial.logprobs)
+    topk = None if partial.topk_logprobs is None else list(partial.topk_logprobs)
     for _ in range(MAX_ABORT_ROUNDS):
         await ready()
         remaining = request.max_tokens - len(tokens)
         if remaining <= 0:
-            return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason="length")
+            return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason="length", topk_logprobs=topk)
         piece = (await send(resend_request(request, index, tokens, remaining))).sequences[0]
         tokens += piece.token_ids
         logprobs += piece.logprobs
+        if topk is not None:
+            topk += piece.topk_logprobs or []
         if piece.stop_reason != "abort":
-            return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason=piece.stop_reason)
+            return GeneratedSequence(token_ids=tokens, logprobs=logprobs, stop_reason=piece.stop_reason,
+                                     topk_logprobs=topk)
     raise StillAborted(f"request still aborted after {MAX_ABORT_ROUNDS} resends")
 
 
@@ -72,6 +77,7 @@ def resend_request(request: GenerateRequest, index: int, tokens: list[int], rema
     return request.model_copy(update={
         "prompt_token_ids": request.prompt_token_ids + tokens, "n": 1, "max_tokens": remaining,
         "prompt_logprobs": False, "topk_prompt_logprobs": 0, "prompt_logprobs_last_n": None,
+        "target_token_ids": None, "prompt_alt_tokens_k": 0,
         "seed": None if request.seed is None else request.seed + index + len(tokens) * request.n,
         "resumed_tokens": request.resumed_tokens + len(tokens),
     })

@@ -13,22 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tx.inference.weight_sync.transport import Transport
 from tx.inference.weight_sync.types import IpcUpdate, TransferInit, TransferUpdate
-from tx.types import (
-    MAX_SAMPLES_PER_REQUEST,
-    MAX_TOPK_PROMPT_LOGPROBS,
-    ImageFormat,
-    SampledSequence,
-    SampleRequest,
-    SampleResult,
-    StopReason,
-)
+from tx.types import MAX_SAMPLES_PER_REQUEST, MAX_TOPK_PROMPT_LOGPROBS, ImageFormat
 
 if TYPE_CHECKING:
     import httpx
 
 SECRET_HEADER = "X-TX-Cluster-Secret"
-# reported in /health; tx refuses an external engine that reports another (2: cache_namespace; 3: the stream route)
-CONTRACT_VERSION = 3
+# reported in /health; tx refuses an external engine that reports another (2: cache_namespace; 3: the stream
+# route; 4: topk_sample_logprobs, target_token_ids, prompt_alt_tokens_k and their answers)
+CONTRACT_VERSION = 4
 
 ROUTE_HEALTH = "/health"  # GET, no secret
 ROUTE_GENERATE = "/generate"  # POST GenerateRequest -> GenerateResponse
@@ -108,6 +101,16 @@ class GenerateRequest(_Wire):
     prompt_logprobs_last_n: int | None = Field(
         default=None, ge=0, description="only the last n prompt positions; earlier ones are null"
     )
+    topk_sample_logprobs: int = Field(
+        default=0, ge=0, le=MAX_TOPK_PROMPT_LOGPROBS, description="k most likely tokens at each sampled position"
+    )
+    target_token_ids: list[list[int]] | None = Field(
+        default=None, description="[len(prompt) - 1][K]: row i names ids whose logprob at prompt position i + 1 "
+        "to give (-1: none); rows before the first that names one are not scored"
+    )
+    prompt_alt_tokens_k: int = Field(
+        default=0, ge=0, description="k draws, at the request's temperature, at every prompt position after the first"
+    )
     adapter: str | None = Field(default=None, description="a loaded adapter's name; null = the base model")
     cache_namespace: str | None = Field(
         default=None, min_length=1, max_length=64, pattern=r"^[0-9a-f]+$",
@@ -115,42 +118,14 @@ class GenerateRequest(_Wire):
         "session's own, whose adapter changes weights in place); null = the shared cache",
     )
 
-    @classmethod
-    def from_sample_request(cls, request: SampleRequest, adapter: str | None = None,
-                            cache_namespace: str | None = None) -> GenerateRequest:
-        """The engine request for a domain `SampleRequest` (the engine client's edge). A prompt with images
-        must have been expanded (`SampleRequest.expanded`); without that, it must be text only."""
-        params = request.params
-        prompt = request.model_input()
-        images = [
-            PromptImage(data=base64.b64encode(p.data).decode("ascii"), format=p.format, offset=p.offset,
-                        num_tokens=p.num_tokens)
-            for p in prompt.images
-        ]
-        return cls(
-            prompt_token_ids=prompt.token_ids,
-            images=images,
-            n=request.num_samples,
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            seed=params.seed,
-            stop_token_ids=list(params.stop_token_ids),
-            stop_strings=list(params.stop_strings),
-            stop_at_eos=params.stop_at_eos,
-            prompt_logprobs=request.prompt_logprobs,
-            topk_prompt_logprobs=request.topk_prompt_logprobs,
-            prompt_logprobs_last_n=request.prompt_logprobs_last_n,
-            adapter=adapter,
-            cache_namespace=cache_namespace,
-        )
-
 
 class GeneratedSequence(_Wire):
     token_ids: list[int]
     logprobs: list[float] = Field(description="raw logprob of each sampled token")
     stop_reason: StopReasonName
+    topk_logprobs: list[list[tuple[int, float]]] | None = Field(
+        default=None, description="per sampled token: the k most likely (token id, raw logprob), best first"
+    )
 
 
 class GenerateResponse(_Wire):
@@ -161,35 +136,11 @@ class GenerateResponse(_Wire):
     topk_prompt_logprobs: list[list[tuple[int, float]] | None] | None = Field(
         default=None, description="per prompt position: k (token id, logprob) pairs, best first, or null"
     )
-
-    def to_sample_result(self) -> SampleResult:
-        """The domain result; an aborted sequence raises ValueError (the caller retries or resends)."""
-        import numpy as np
-
-        if any(seq.stop_reason == "abort" for seq in self.sequences):
-            raise ValueError("a sequence was aborted; resend it (tx/inference/manager/resume.py)")
-        sequences = [
-            SampledSequence(s.token_ids, s.logprobs, StopReason(s.stop_reason)) for s in self.sequences
-        ]
-        prompt = None
-        if self.prompt_logprobs is not None:
-            prompt = np.array([np.nan if v is None else v for v in self.prompt_logprobs], dtype=np.float32)
-        return SampleResult(sequences, prompt, _topk_arrays(self.topk_prompt_logprobs))
-
-
-def _topk_arrays(rows: list[list[tuple[int, float]] | None] | None):
-    """[len(prompt), k] token ids (-1 where absent) and logprobs (NaN where absent)."""
-    import numpy as np
-
-    if rows is None:
-        return None
-    k = max((len(row) for row in rows if row is not None), default=0)
-    ids = np.full((len(rows), k), -1, dtype=np.int64)
-    logprobs = np.full((len(rows), k), np.nan, dtype=np.float32)
-    for i, row in enumerate(rows):
-        for j, (token, value) in enumerate(row or ()):
-            ids[i, j], logprobs[i, j] = token, value
-    return ids, logprobs
+    target_prompt_logprobs: list[list[float]] | None = Field(
+        default=None, description="the logprobs of target_token_ids, same shape; 0.0 where it names none"
+    )
+    prompt_alt_tokens: list[list[int]] | None = Field(default=None, description="[len(prompt) - 1][k] draws")
+    prompt_alt_logprobs: list[list[float]] | None = Field(default=None, description="their raw logprobs")
 
 
 class TokenizeRequest(_Wire):

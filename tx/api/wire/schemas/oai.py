@@ -1,7 +1,8 @@
 """OpenAI-compatible request and response bodies (/oai/api/v1): the fields tx honours, and refusals.
 
 Requests ignore unknown keys. A field tx cannot honour with a value that would change the answer
-(echo, best_of > 1, logit_bias, penalties, tools, suffix) is refused with a 400 instead of ignored.
+(echo, best_of > 1, logit_bias, penalties, tools, suffix) is refused with a 400 instead of ignored. `logprobs`
+(completions: 0-5 alternatives per token; chat: with `top_logprobs` 0-20) are the model's raw logprobs.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ class CompletionRequest(_Request):
         super().refuse_unsupported()
         if self.echo or (self.best_of or 1) > 1 or self.suffix:
             raise UserError("echo, best_of > 1 and suffix are not supported")
-        if self.logprobs:
-            raise UserError("logprobs > 0 (top alternatives) is not supported; logprobs=0 gives the sampled tokens'")
+
+    def top_logprobs(self) -> int:
+        """Alternatives per token: `logprobs` (0 gives the sampled tokens' logprobs only)."""
+        return self.logprobs or 0
 
 
 class ChatMessage(BaseModel):
@@ -78,12 +81,18 @@ class ChatCompletionRequest(_Request):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[Any] | None = None
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
         if self.tools:
             raise UserError("tools are not supported; render tool prompts yourself and use /completions")
+        if self.top_logprobs and not self.logprobs:
+            raise UserError("top_logprobs needs logprobs=true")
+
+    def alternatives(self) -> int:
+        return self.top_logprobs or 0
 
     def max_new_tokens(self, default: int) -> int:
         return self.max_completion_tokens or self.max_tokens or default

@@ -24,9 +24,11 @@ from tx.inference.engines.embedded.generate import (
     DecodeBatch,
     PromptLogprobs,
     Row,
+    alternative_tokens,
     logits_needed,
     prompt_logprobs,
     sample_next,
+    target_logprobs,
 )
 from tx.inference.engines.embedded.vision import PromptVision
 from tx.inference.engines.embedded.weights import Weights
@@ -45,6 +47,8 @@ class Job:
     future: Future = field(default_factory=Future)
     rows: list[Row] = field(default_factory=list)
     prompt: PromptLogprobs | None = None
+    target: list[list[float]] | None = None  # target_token_ids' logprobs
+    alternatives: tuple[list[list[int]], list[list[float]]] | None = None  # prompt_alt_tokens_k's draws
 
     def resolve_if_done(self) -> bool:
         """Set the future once every row stopped; whether the job is over."""
@@ -52,11 +56,14 @@ class Job:
             return True
         if not all(row.done for row in self.rows):
             return False
-        prompt = self.prompt
+        prompt, alternatives = self.prompt, self.alternatives
         self.future.set_result(GenerateResponse(
             sequences=[row.sequence() for row in self.rows],
             prompt_logprobs=prompt.values if prompt and self.request.prompt_logprobs else None,
             topk_prompt_logprobs=prompt.topk if prompt else None,
+            target_prompt_logprobs=self.target,
+            prompt_alt_tokens=alternatives[0] if alternatives else None,
+            prompt_alt_logprobs=alternatives[1] if alternatives else None,
         ))
         return True
 
@@ -130,9 +137,9 @@ class RunningBatch:
         live = [i for i, row in enumerate(rows) if not row.done]
         if not live:
             return
-        tokens, logprobs = sample_next(logits[live], [rows[i] for i in live])
-        for i, token, logprob in zip(live, tokens, logprobs):
-            rows[i].append(token, logprob, self.weights.decode)
+        tokens, logprobs, topk = sample_next(logits[live], [rows[i] for i in live])
+        for i, token, logprob, best in zip(live, tokens, logprobs, topk):
+            rows[i].append(token, logprob, self.weights.decode, best)
             listener = owners[i].listener
             if listener is not None:
                 listener(rows[i].sample_index, token, logprob)
@@ -181,3 +188,7 @@ def _score_prompts(jobs: list[Job], kept: torch.Tensor) -> None:
             job.prompt = prompt_logprobs(
                 logits, request.prompt_token_ids, request.prompt_logprobs_last_n, request.topk_prompt_logprobs,
             )
+        if request.target_token_ids is not None:
+            job.target = target_logprobs(logits, request)
+        if request.prompt_alt_tokens_k:
+            job.alternatives = alternative_tokens(logits, request)

@@ -23,6 +23,7 @@ from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.scheduler import Scheduler
 from tx.inference.engines.embedded.transfer import WeightReceiver
 from tx.inference.engines.embedded.vision import prepare_vision
+from tx.inference.engines.scores import check_prompt_scores
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.engines.streaming import TokenStream
 from tx.inference.protocol import (
@@ -114,8 +115,9 @@ class EmbeddedEngine:
             raise UserError(f"prompt + max_tokens = {total} exceeds the model's {weights.max_positions}")
         if request.stop_strings and weights.tokenizer is None:
             raise UserError("stop strings need a tokenizer, and this model directory has none")
-        if request.topk_prompt_logprobs > weights.vocab_size:
-            raise UserError(f"topk_prompt_logprobs must be <= vocab size {weights.vocab_size}")
+        if max(request.topk_prompt_logprobs, request.topk_sample_logprobs) > weights.vocab_size:
+            raise UserError(f"topk_prompt_logprobs and topk_sample_logprobs must be <= vocab size {weights.vocab_size}")
+        check_prompt_scores(request, weights.vocab_size)
 
     def tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         if self.weights.tokenizer is None:

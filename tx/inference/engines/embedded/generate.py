@@ -8,7 +8,10 @@ Design / who owns what:
   (log_softmax of the unprocessed fp32 logits), and its stop rules.
 - `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise
   temperature / top-k / top-p on sorted logits and inverse-CDF sampling with one uniform draw per row from the
-  row's generator, so a seeded row gives the same tokens whatever batch it runs in.
+  row's generator, so a seeded row gives the same tokens whatever batch it runs in. A row that asks for it also
+  gets the k most likely tokens of each step with their raw logprobs.
+- The prompt's own scores come from the prefill's kept logits: prompt logprobs and top-k (`prompt_logprobs`),
+  the logprobs of chosen ids (`target_logprobs`), and k draws per position (`alternative_tokens`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     stop_reason: StopReasonName | None = None
     stop_tail: list[int] = field(default_factory=list)  # earlier tokens of a resumed sample (tx.inference.engines.stops)
+    topk: list[list[tuple[int, float]]] = field(default_factory=list)  # per sampled token, when asked for
 
     @classmethod
     def create(cls, request: GenerateRequest, sample_index: int, eos_ids: Sequence[int]) -> Row:
@@ -54,12 +58,17 @@ class Row:
     def sequence(self) -> GeneratedSequence:
         """The finished sample (once `done`)."""
         assert self.stop_reason is not None, "the row has not stopped"
-        return GeneratedSequence(token_ids=self.token_ids, logprobs=self.logprobs, stop_reason=self.stop_reason)
+        topk = self.topk if self.request.topk_sample_logprobs > 0 else None
+        return GeneratedSequence(token_ids=self.token_ids, logprobs=self.logprobs, stop_reason=self.stop_reason,
+                                 topk_logprobs=topk)
 
-    def append(self, token: int, logprob: float, decode: Callable[[list[int]], str] | None) -> None:
+    def append(self, token: int, logprob: float, decode: Callable[[list[int]], str] | None,
+               topk: list[tuple[int, float]] | None = None) -> None:
         """Record a sampled token and decide whether the row stops here (the stop token is kept)."""
         self.token_ids.append(token)
         self.logprobs.append(logprob)
+        if topk is not None:
+            self.topk.append(topk)
         if token in self.stop_ids or self.request.stop_strings and decode is not None and self._hit_stop_string(decode):
             self.stop_reason = "stop"
         elif len(self.token_ids) >= self.request.max_tokens:
@@ -69,8 +78,12 @@ class Row:
         return hits_stop_string(decode, self.stop_tail, self.token_ids, self.request.stop_strings)
 
 
-def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> tuple[list[int], list[float]]:
-    """One token per row from `logits` [rows, vocab] (fp32), and the raw logprob of each."""
+Step = tuple[list[int], list[float], list[list[tuple[int, float]] | None]]
+
+
+def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> Step:
+    """One token per row from `logits` [rows, vocab] (fp32), the raw logprob of each, and the k most likely
+    (token, raw logprob) of the rows that ask for them (None for the others)."""
     logits = logits.float()
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.request.temperature > 0]
@@ -78,8 +91,17 @@ def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> tuple[list[int], l
         index = torch.tensor(sampled)
         tokens[index] = _sample_rows(logits[index], [rows[i] for i in sampled])
     # log_softmax(x)[t] = x[t] - logsumexp(x): no [rows, vocab] logprob tensor per step
-    chosen = logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
-    return tokens.tolist(), chosen.tolist()
+    norm = torch.logsumexp(logits, dim=-1)
+    chosen = logits.gather(1, tokens[:, None])[:, 0] - norm
+    topk: list[list[tuple[int, float]] | None] = [None] * len(rows)
+    k = max(row.request.topk_sample_logprobs for row in rows)
+    if k > 0:
+        best = logits.topk(min(k, logits.shape[-1]), dim=-1)
+        ids, values = best.indices.tolist(), (best.values - norm[:, None]).tolist()
+        for i, row in enumerate(rows):
+            if (wanted := row.request.topk_sample_logprobs) > 0:
+                topk[i] = list(zip(ids[i][:wanted], values[i][:wanted]))
+    return tokens.tolist(), chosen.tolist(), topk
 
 
 def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
@@ -128,12 +150,52 @@ def prompt_logprobs(kept: torch.Tensor, prompt: list[int], last_n: int | None, k
     return PromptLogprobs(values, topk)
 
 
+def first_target_row(target_ids: list[list[int]]) -> int:
+    """The first row of target_token_ids that names an id (len(rows) when none does)."""
+    return next((r for r, row in enumerate(target_ids) if any(t >= 0 for t in row)), len(target_ids))
+
+
+def target_logprobs(kept: torch.Tensor, request: GenerateRequest) -> list[list[float]]:
+    """The raw logprob of each id of `target_token_ids` (row i at prompt position i + 1), 0.0 where none is named;
+    rows before the first that names one are not scored."""
+    assert request.target_token_ids is not None
+    ids = torch.tensor(request.target_token_ids, dtype=torch.long).reshape(len(request.target_token_ids), -1)
+    length, out = len(request.prompt_token_ids), torch.zeros(ids.shape, dtype=torch.float32)
+    first, offset = first_target_row(request.target_token_ids), length - kept.shape[0]
+    if first < ids.shape[0] and ids.shape[1]:
+        logprobs = torch.log_softmax(kept[first - offset : length - 1 - offset].float(), dim=-1)
+        rows = ids[first:]
+        out[first:] = torch.where(rows >= 0, logprobs.gather(1, rows.clamp(min=0)), 0.0)
+    return out.tolist()
+
+
+def alternative_tokens(kept: torch.Tensor, request: GenerateRequest) -> tuple[list[list[int]], list[list[float]]]:
+    """`prompt_alt_tokens_k` draws with replacement at every prompt position after the first, from the
+    next-token distribution at the request's temperature (argmax at 0; no top-k or top-p), and their raw
+    logprobs. Seeded requests draw from a generator seeded with seed + n (their samples use seed + i, i < n)."""
+    length, k = len(request.prompt_token_ids), request.prompt_alt_tokens_k
+    offset = length - kept.shape[0]
+    logits = kept[0 - offset : length - 1 - offset].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    if request.temperature == 0:
+        tokens = logits.argmax(dim=-1, keepdim=True).expand(-1, k)
+    else:
+        seed = request.seed + request.n if request.seed is not None else random.getrandbits(62)
+        probs = torch.softmax(logits / request.temperature, dim=-1)
+        tokens = torch.multinomial(probs, k, replacement=True, generator=torch.Generator().manual_seed(seed))
+    return tokens.tolist(), logprobs.gather(1, tokens).tolist()
+
+
 def logits_needed(request: GenerateRequest) -> int:
     """How many trailing positions of this prompt need logits (1 = only the next-token distribution)."""
-    if not (request.prompt_logprobs or request.topk_prompt_logprobs):
-        return 1
-    length = len(request.prompt_token_ids)
-    return max(1, length - first_scored_position(length, request.prompt_logprobs_last_n) + 1)
+    length, needed = len(request.prompt_token_ids), 1
+    if request.prompt_logprobs or request.topk_prompt_logprobs:
+        needed = length - first_scored_position(length, request.prompt_logprobs_last_n) + 1
+    if request.target_token_ids is not None:
+        needed = max(needed, length - first_target_row(request.target_token_ids))
+    if request.prompt_alt_tokens_k:
+        needed = length
+    return max(1, needed)
 
 
 class DecodeBatch:

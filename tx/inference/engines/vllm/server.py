@@ -40,6 +40,8 @@ from tx.inference.engines.vllm.images import (
     content_parts,
     decode_images,
 )
+from tx.inference.engines.scores import check_prompt_scores, model_vocab_size
+from tx.inference.engines.vllm.scores import prompt_scores
 from tx.inference.engines.vllm.placement import placement
 from tx.inference.engines.vllm.translate import (
     completion_bodies,
@@ -76,6 +78,7 @@ class VllmEngine:
         self._weights = asyncio.Lock()
         self._batch = BatchGate()
         self.vision = VisionModel.load(config.model_dir)  # None: a text-only model
+        self.vocab_size = model_vocab_size(config.model_dir)
         self._placement: dict | None = None  # what /health says about where vLLM runs (read on first use)
         self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
         self._tokenizer: Any = None  # for stop strings across an abort (loaded on first use)
@@ -94,6 +97,7 @@ class VllmEngine:
             await asyncio.to_thread(decode_images, request)
         if request.adapter is not None and request.adapter not in self.adapters:
             raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
+        check_prompt_scores(request, self.vocab_size)
         self.num_waiting += 1
         try:
             await self._open.wait()
@@ -119,9 +123,10 @@ class VllmEngine:
                 bodies = bodies[1:]
             async with self._batch.shared():
                 answers += await asyncio.gather(*(complete(body) for body in bodies))
+                scores = await prompt_scores(request, model, self._complete)
         finally:
             self.num_running -= 1
-        response = generate_response(request, answers)
+        response = generate_response(request, answers).model_copy(update=scores)
         if request.resumed_tokens and request.stop_strings:  # vLLM matches stop strings on the new text only
             response = cut_at_resumed_stop(request, response, await self._decoder())
         self._count(request, response)

