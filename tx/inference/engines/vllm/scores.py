@@ -3,8 +3,7 @@
 - `target_token_ids`: one body per row that names ids (row i: the prompt's first i + 1 tokens, one token to
   generate), asking `logprob_token_ids` = that row's ids with `logprobs: 1`: vLLM gives the raw logprob of each
   of them at the next position (`logprob_token_ids` is vLLM 0.32's, the release tested here); prefix caching
-  makes each body cost about
-  one token of prefill;
+  makes each body cost about one token of prefill;
 - `prompt_alt_tokens_k`: one body per prompt position after the first (position p: the first p tokens), drawing
   k tokens (`n`) at the request's temperature with no top-k or top-p, `logprobs: 0` (raw); greedy asks for one
   and repeats it, as vLLM refuses n > 1 at temperature 0. Seeded requests seed position p's draws with
