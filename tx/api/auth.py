@@ -118,15 +118,6 @@ class OperatorChecker:
         self._keys = keys
 
     def is_operator_key(self, request: Request) -> bool:
-        """Whether the request carries one of the operator keys (the console then shows every tenant's rows)."""
-        key = _key(request)
-        return bool(key) and any(hmac.compare_digest(key.encode(), k) for k in self._keys)
-
-    def allows(self, request: Request) -> bool:
-        """Whether operator routes answer this request."""
-        return self._open or self.is_operator_key(request)
-
-    def is_operator_key(self, request: Request) -> bool:
         """Whether the request carries an operator key, or a token exchanged for one (the console then shows every
         tenant's rows)."""
         credential = credential_of(request)

@@ -13,7 +13,8 @@ from test_core_in_process import OWNER, Core, run
 from tx.core.run_metrics import Measured, MetricsRecorder, forward_metrics
 from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
-from tx.types import AdamParams, Datum, ForwardBackwardInput, ForwardBackwardResult, ModelInput, OptimStepResult
+from tx.optimizers import AdamParams
+from tx.types import Datum, ForwardBackwardInput, ForwardBackwardResult, ModelInput, OptimStepResult
 
 
 def test_a_step_records_loss_per_token_tokens_and_the_optimizer_step(tmp_path: Path) -> None:
