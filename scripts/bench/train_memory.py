@@ -80,12 +80,7 @@ def run_tx(model_dir: Path, batch: int, length: int, steps: int) -> dict:
 
     from tx.backends.torch.backend import TorchBackend
     from tx.optimizers import AdamParams
-from tx.types import (
-    Datum,
-    ForwardBackwardInput,
-    LoraConfig,
-    ModelInput,
-)
+    from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
     backend = TorchBackend({"m": model_dir}, device="auto")
     backend.create_model("run", "m", LoraConfig(rank=32, seed=0))

@@ -45,12 +45,7 @@ from tx.backends.torch.workers import create_workers_backend
 from tx.config.names import ShardBase
 from tx.models import write_tiny_text_model
 from tx.optimizers import AdamParams
-from tx.types import (
-    Datum,
-    ForwardBackwardInput,
-    LoraConfig,
-    ModelInput,
-)
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 LORA = LoraConfig(rank=8, seed=0)
 ADAM = AdamParams(learning_rate=1e-4)

@@ -12,12 +12,7 @@ import pytest
 import torch
 
 from tx.optimizers import AdamParams
-from tx.types import (
-    Datum,
-    ForwardBackwardInput,
-    LoraConfig,
-    ModelInput,
-)
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 pytestmark = [
     pytest.mark.gpu,

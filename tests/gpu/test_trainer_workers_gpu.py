@@ -12,12 +12,7 @@ from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.models.tiny import write_tiny_text_model
 from tx.optimizers import AdamParams
-from tx.types import (
-    Datum,
-    ForwardBackwardInput,
-    LoraConfig,
-    ModelInput,
-)
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 pytestmark = [
     pytest.mark.gpu,

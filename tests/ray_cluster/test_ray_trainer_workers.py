@@ -19,12 +19,7 @@ from tx.models.tiny import write_tiny_text_model
 from tx.ray import connect
 from tx.ray.placement import PlacementSpec
 from tx.optimizers import AdamParams
-from tx.types import (
-    Datum,
-    ForwardBackwardInput,
-    LoraConfig,
-    ModelInput,
-)
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 pytestmark = pytest.mark.ray
 LORA = LoraConfig(rank=4, seed=5)

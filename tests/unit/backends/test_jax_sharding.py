@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     from backend_helpers import TINY_NAME, ce, sft_data
     from tx.backends.jax.backend import JaxBackend
     from tx.optimizers import AdamParams
-from tx.types import LoraConfig
+    from tx.types import LoraConfig
 
     model_dir = Path(sys.argv[1])
     results = []

@@ -8,15 +8,7 @@ import torch
 from image_helpers import encode
 
 from tx.optimizers import AdamParams
-from tx.types import (
-    Datum,
-    ForwardBackwardInput,
-    ImageChunk,
-    LoraConfig,
-    ModelInput,
-    TextChunk,
-    UserError,
-)
+from tx.types import Datum, ForwardBackwardInput, ImageChunk, LoraConfig, ModelInput, TextChunk, UserError
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,7 @@ from tx.api.wire import convert
 from tx.api.wire.schemas import models
 from tx.api.wire.schemas.asample import ModelInputJson, SampleRequestJson, TensorDataJson
 from tx.optimizers import ADAMW, DIMUON, AdamParams, DimuonParams
-from tx.types import (
-    ImageAssetPointer,
-    ImageChunk,
-    LoraConfig,
-    TextChunk,
-    UserError,
-)
+from tx.types import ImageAssetPointer, ImageChunk, LoraConfig, TextChunk, UserError
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(30))
 
