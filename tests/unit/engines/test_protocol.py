@@ -47,6 +47,23 @@ def test_to_sample_result():
         sample_result(aborted)
 
 
+def test_prompt_scores_land_in_their_own_fields():
+    """Regression: after weights_version joined SampleResult, the scores went in by position into the wrong fields."""
+    response = GenerateResponse.model_validate({
+        "sequences": [{"token_ids": [4], "logprobs": [-1.0], "stop_reason": "length",
+                       "topk_logprobs": [[[4, -1.0], [6, -2.0]]]}],
+        "target_prompt_logprobs": [[-0.25, 0.0]], "prompt_alt_tokens": [[7, 8]], "prompt_alt_logprobs": [[-0.5, -1.5]],
+    })
+    result = sample_result(response)
+    assert result.weights_version is None
+    assert result.target_prompt_logprobs is not None and result.target_prompt_logprobs.values.tolist() == [[-0.25, 0.0]]
+    assert result.prompt_alt_tokens is not None
+    tokens, logprobs = result.prompt_alt_tokens
+    assert tokens.tolist() == [[7, 8]] and logprobs.tolist() == [[-0.5, -1.5]]
+    topk = result.sequences[0].topk
+    assert topk is not None and topk[0].tolist() == [[4, 6]]
+
+
 def test_validation():
     with pytest.raises(ValidationError):
         GenerateRequest(prompt_token_ids=[1], n=0)

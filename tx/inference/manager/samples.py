@@ -68,7 +68,8 @@ def sample_result(response: GenerateResponse, request: SampleRequest | None = No
     alt = None
     if response.prompt_alt_tokens is not None and response.prompt_alt_logprobs is not None:
         alt = np.array(response.prompt_alt_tokens, np.int64), np.array(response.prompt_alt_logprobs, np.float32)
-    return SampleResult(sequences, prompt, topk_arrays(response.topk_prompt_logprobs), target, alt)
+    return SampleResult(sequences, prompt, topk_arrays(response.topk_prompt_logprobs),
+                        target_prompt_logprobs=target, prompt_alt_tokens=alt)
 
 
 def topk_arrays(rows: TopkRows | None) -> tuple[np.ndarray, np.ndarray] | None:
