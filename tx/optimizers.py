@@ -76,3 +76,10 @@ OptimParams = Union[AdamParams, DimuonParams]
 
 def optimizer_of(params: OptimParams) -> OptimizerConfig:
     return DIMUON if isinstance(params, DimuonParams) else ADAMW
+
+
+def check_params_fit(optimizer: OptimizerConfig, params: OptimParams) -> None:
+    """A UserError unless `params` are a step of `optimizer` (AdamParams for adamw, DimuonParams for dimuon)."""
+    if optimizer_of(params).kind != optimizer.kind:
+        wanted = "DimuonParams" if optimizer.kind == "dimuon" else "AdamParams"
+        raise UserError(f"this run trains with {optimizer.kind} (chosen at create_model): optim_step takes {wanted}")

@@ -30,7 +30,7 @@ from typing import Any
 
 from tx.backends import datums
 from tx.backends.datums import DatumRules
-from tx.optimizers import ADAMW, AdamParams, OptimizerConfig, OptimParams
+from tx.optimizers import ADAMW, AdamParams, OptimizerConfig, OptimParams, check_params_fit
 from tx.types import (
     BaseModelInfo,
     CustomLoss,
@@ -51,8 +51,8 @@ def adamw_only(optimizer: OptimizerConfig, trainer: str) -> None:
 
 def adam_params(params: OptimParams) -> AdamParams:
     """The AdamParams of a step on an AdamW-only trainer (its runs are all AdamW)."""
-    if not isinstance(params, AdamParams):
-        raise UserError("this run trains with adamw (chosen at create_model): optim_step takes AdamParams")
+    check_params_fit(ADAMW, params)
+    assert isinstance(params, AdamParams)
     return params
 
 

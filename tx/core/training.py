@@ -18,7 +18,7 @@ from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
 from tx.core.views import optimizer_of_row
-from tx.optimizers import OptimParams, optimizer_of
+from tx.optimizers import OptimParams, check_params_fit
 from tx.types import ForwardBackwardInput, ForwardBackwardResult, ImageChunk, OptimStepResult, TextChunk, UserError
 
 T = TypeVar("T")
@@ -87,10 +87,7 @@ class TrainingCalls:
     def optim_step(self, owner: str, model_id: str, seq_id: int, params: OptimParams) -> Future:
         """A step of the run's optimizer; `params` of another optimizer are refused at submission."""
         params.validate()
-        mine = optimizer_of_row(self.sequencer.store.get_run(model_id, owner))
-        if optimizer_of(params) != mine:
-            wanted = "DimuonParams" if mine.kind == "dimuon" else "AdamParams"
-            raise UserError(f"this run trains with {mine.kind} (chosen at create_model): optim_step takes {wanted}")
+        check_params_fit(optimizer_of_row(self.sequencer.store.get_run(model_id, owner)), params)
 
         def step() -> OptimStepResult:
             start = time.perf_counter()

@@ -52,7 +52,7 @@ class Dimuon(torch.optim.Optimizer):
             momenta = [state["momentum"] for state in states]
             _foreach_mul_(momenta, group["beta1"])
             _foreach_add_(momenta, [p.grad.float() for p in params if p.grad is not None],
-                                alpha=1 - group["beta1"])
+                          alpha=1 - group["beta1"])
             _foreach_add_([state["step"] for state in states], 1)
             directions = [d.to(p.dtype) for p, d in zip(params, orthogonalize(momenta), strict=True)]
             _foreach_add_(params, directions, alpha=-group["lr"])

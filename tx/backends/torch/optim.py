@@ -10,8 +10,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tx.backends.torch.dimuon import Dimuon
-from tx.optimizers import ADAMW, AdamParams, DimuonParams, OptimizerConfig, OptimParams
-from tx.types import UserError
+from tx.optimizers import ADAMW, DimuonParams, OptimizerConfig, OptimParams, check_params_fit
 
 
 def new_optimizer(params: Iterable[torch.nn.Parameter], config: OptimizerConfig = ADAMW) -> torch.optim.Optimizer:
@@ -23,10 +22,6 @@ def new_optimizer(params: Iterable[torch.nn.Parameter], config: OptimizerConfig 
 
 def optimizer_of(optimizer: torch.optim.Optimizer) -> OptimizerConfig:
     return OptimizerConfig("dimuon") if isinstance(optimizer, Dimuon) else ADAMW
-
-
-def adam_step(optimizer: torch.optim.Optimizer, adam: AdamParams) -> dict[str, float]:
-    return optimizer_step(optimizer, adam)
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, params: OptimParams) -> dict[str, float]:
@@ -47,10 +42,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, params: OptimParams) -> dic
 
 
 def _configure(optimizer: torch.optim.Optimizer, params: OptimParams) -> None:
-    mine = optimizer_of(optimizer).kind
-    if isinstance(params, DimuonParams) != (mine == "dimuon"):
-        wanted = "DimuonParams" if mine == "dimuon" else "AdamParams"
-        raise UserError(f"this run trains with {mine} (chosen at create_model): optim_step takes {wanted}")
+    check_params_fit(optimizer_of(optimizer), params)
     for group in optimizer.param_groups:
         group["lr"] = params.learning_rate
         if isinstance(params, DimuonParams):
