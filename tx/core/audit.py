@@ -1,7 +1,7 @@
 """The audit log: who did what to which run, checkpoint and key.
 
 Events are named `<resource>_<action>`: `run_create`; `checkpoint_save`, `checkpoint_read` (with its purpose:
-load, sample, copy or download), `checkpoint_copy`, `checkpoint_publish`, `checkpoint_unpublish`,
+load, sample or download), `checkpoint_copy`, `checkpoint_publish`, `checkpoint_unpublish`,
 `checkpoint_ttl_set`, `checkpoint_delete`, `checkpoint_expire`; `key_token_issue` (a token exchanged for a key).
 Each names its actor (a key's owner, `tx:key:<owner>`; the server itself is `tx`) and the owner of what it
 concerns. An owner reads the entries they are actor or subject of; an operator reads every entry.

@@ -106,7 +106,7 @@ class TrainingCalls:
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
         """Legacy TrainingClient.load_state*: load a checkpoint into this existing run (with its optimizer's state
         only if it is the run's optimizer)."""
-        source, _ = self.catalog.readable(owner, path, kinds=("weights",))
+        source, _ = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
         if with_optimizer:
             saved = self.backend.read_state_optimizer(self.catalog.files.require(source))
             mine = optimizer_of_row(self.sequencer.store.get_run(model_id, owner))

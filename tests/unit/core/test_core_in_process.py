@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +19,8 @@ from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import Future, FutureRegistry
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
-from tx.store.store import Store
 from tx.optimizers import AdamParams
+from tx.store.store import Store
 from tx.types import (
     ErrorCategory,
     ForwardBackwardInput,
@@ -189,6 +190,22 @@ def test_a_saved_state_loads_into_a_new_run(tmp_path: Path) -> None:
 
     run(tmp_path, scenario)
 
+
+
+def test_both_ways_of_loading_a_checkpoint_are_audited(tmp_path: Path) -> None:
+    """Regression: TrainingClient.load_state left no checkpoint_read entry (create_from_checkpoint did)."""
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        saved = await core.done(core.service.checkpoints.save_weights(OWNER, model, 1, "step-1", None, False, None))
+        path = saved.result.path
+        await core.done(core.service.training.load_state(OWNER, model, 2, path, True))
+        session = core.service.sessions.create(OWNER, None, [], {})
+        await core.done(core.service.runs.create_from_checkpoint(OWNER, session, 0, path, False))
+        today = datetime.now(timezone.utc).date()
+        reads = [e for e in core.service.audit.day(OWNER, False, today, "checkpoints") if e.event == "checkpoint_read"]
+        assert [(e.tinker_path, e.details["purpose"]) for e in reads] == [(path, "load"), (path, "load")]
+
+    run(tmp_path, scenario)
 
 def test_stable_reinforce_trains_on_the_records_its_provenance_names(tmp_path: Path) -> None:
     """A stable_reinforce batch reaches the trainer with the recorded logprobs at its sampled rows (whatever the
