@@ -17,8 +17,8 @@ from tx.api.errors import install_error_handlers
 from tx.api.limits import BodyLimit
 from tx.api.metrics import Metrics, MetricsMiddleware
 from tx.api.routes import (
-    checkpoints,
     audit,
+    checkpoints,
     client,
     console,
     console_pages,

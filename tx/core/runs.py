@@ -20,9 +20,9 @@ from tx.core.quotas import QuotaLimits
 from tx.core.results import ModelCreated, WeightsLoaded
 from tx.core.scheduler import Job, Scheduler
 from tx.core.sessions import live_session
+from tx.optimizers import ADAMW, OptimizerConfig
 from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
-from tx.optimizers import ADAMW, OptimizerConfig
 from tx.types import LoraConfig, UserError, model_id_for
 
 T = TypeVar("T")

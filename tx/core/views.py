@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tx.core.checkpoints.files import TinkerPath
+from tx.optimizers import ADAMW, OptimizerConfig
 from tx.store.store import Store
 from tx.store.tables import CheckpointRow, TrainingRunRow
-from tx.optimizers import ADAMW, OptimizerConfig
 from tx.types import BaseModelInfo, LoraConfig
 
 LATEST_KINDS = ("weights", "sampler_weights")

@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, delete, func, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from tx.store.metrics import RunMetricsTable
 from tx.store.audit import AuditLog
+from tx.store.metrics import RunMetricsTable
 from tx.store.migrate import upgrade_to_head
 from tx.store.overview import Overview
 from tx.store.stability import StabilityRecordStore

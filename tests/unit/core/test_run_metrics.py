@@ -11,9 +11,9 @@ import numpy as np
 from test_core_in_process import OWNER, Core, run
 
 from tx.core.run_metrics import Measured, MetricsRecorder, forward_metrics
+from tx.optimizers import AdamParams
 from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
-from tx.optimizers import AdamParams
 from tx.types import Datum, ForwardBackwardInput, ForwardBackwardResult, ModelInput, OptimStepResult
 
 

@@ -48,11 +48,12 @@ def test_to_sample_result():
 
 
 def test_prompt_scores_land_in_their_own_fields():
-    """Regression: after weights_version joined SampleResult, the scores went in by position into the wrong fields."""
+    """Regression: after weights_version joined SampleResult, the scores went by position into the wrong fields."""
     response = GenerateResponse.model_validate({
         "sequences": [{"token_ids": [4], "logprobs": [-1.0], "stop_reason": "length",
                        "topk_logprobs": [[[4, -1.0], [6, -2.0]]]}],
-        "target_prompt_logprobs": [[-0.25, 0.0]], "prompt_alt_tokens": [[7, 8]], "prompt_alt_logprobs": [[-0.5, -1.5]],
+        "target_prompt_logprobs": [[-0.25, 0.0]],
+        "prompt_alt_tokens": [[7, 8]], "prompt_alt_logprobs": [[-0.5, -1.5]],
     })
     result = sample_result(response)
     assert result.weights_version is None

@@ -163,7 +163,7 @@ def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleReques
     last_n = request.prompt_logprobs_last_n
     if last_n is not None:
         _check_prompt_logprobs_last_n(last_n, prompt, bool(request.prompt_logprobs))
-    check_prompt_scores(prompt, request.topk_sample_logprobs, request.prompt_alt_tokens_k)
+    _check_sample_options(prompt, request.topk_sample_logprobs, request.prompt_alt_tokens_k)
     target = None
     if request.target_prompt_logprobs is not None:
         target = target_tokens_from_json(request.target_prompt_logprobs, prompt)
@@ -181,7 +181,7 @@ def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleReques
     )
 
 
-def check_prompt_scores(prompt: ModelInput, topk_sample: int, alt_k: int) -> None:
+def _check_sample_options(prompt: ModelInput, topk_sample: int, alt_k: int) -> None:
     if not 0 <= topk_sample <= MAX_TOPK_PROMPT_LOGPROBS:
         raise UserError(f"topk_sample_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {topk_sample}")
     if alt_k < 0:

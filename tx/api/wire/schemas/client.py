@@ -41,7 +41,6 @@ class ClientDynamicConfigResponse(WireResponse):
     sample_cancel_max_batch_size: int = 64
 
 
-
 class SupportedModel(WireResponse):
     model_name: str | None = None
     max_context_length: int | None = None

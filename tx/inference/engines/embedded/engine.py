@@ -23,8 +23,8 @@ from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.scheduler import Scheduler
 from tx.inference.engines.embedded.transfer import WeightReceiver
 from tx.inference.engines.embedded.vision import prepare_vision
-from tx.inference.engines.scores import check_prompt_scores
 from tx.inference.engines.embedded.weights import Weights
+from tx.inference.engines.scores import check_prompt_scores
 from tx.inference.engines.streaming import TokenStream
 from tx.inference.protocol import (
     GenerateRequest,

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from tx.inference import protocol as p
+from tx.inference.engines.scores import check_prompt_scores, model_vocab_size
 from tx.inference.engines.stops import cut_at_resumed_stop
 from tx.inference.engines.vllm.adapters import LoadedAdapters
 from tx.inference.engines.vllm.batch import BatchGate
@@ -40,7 +41,6 @@ from tx.inference.engines.vllm.images import (
     content_parts,
     decode_images,
 )
-from tx.inference.engines.scores import check_prompt_scores, model_vocab_size
 from tx.inference.engines.vllm.scores import prompt_scores
 from tx.inference.engines.vllm.placement import placement
 from tx.inference.engines.vllm.translate import (
