@@ -38,7 +38,7 @@ def test_client_config_says_what_this_server_does(server: TxServer) -> None:
 
 def test_unpickled_sampling_clients_join_the_session(server: TxServer) -> None:
     with server.client() as service:
-        sampler = service.create_sampling_client(base_model="tiny-qwen3")
+        sampler = service.create_sampling_client(base_model="tiny-qwen3").result()
         params = types.SamplingParams(max_tokens=3, seed=1)
         original = sampler.sample(PROMPT, 1, params).result()
         clones = [pickle.loads(pickle.dumps(sampler)) for _ in range(2)]
@@ -54,11 +54,11 @@ def test_unpickled_sampling_clients_join_the_session(server: TxServer) -> None:
 def test_an_abandoned_sample_is_cancelled_on_the_server(server: TxServer) -> None:
     with server.client() as service:
         assert service.holder._client_dynamic_config.sample_cancel_enabled
-        sampler = service.create_sampling_client(base_model="tiny-qwen3")
+        sampler = service.create_sampling_client(base_model="tiny-qwen3").result()
         before = requests_to(server, "/api/v1/cancel_future")
         future = sampler.sample(PROMPT, 8, types.SamplingParams(max_tokens=200, stop=[]))
         time.sleep(1.0)  # submitted, and being polled
-        future.cancel()
+        future.future().cancel()  # the SDK's way to give up on an APIFuture
         deadline = time.monotonic() + 30
         while requests_to(server, "/api/v1/cancel_future") == before and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -68,7 +68,7 @@ def test_copying_another_keys_checkpoint_needs_it_published_or_their_token(serve
         with pytest.raises(tinker.NotFoundError):  # ...and not the source owner's
             trained.rest.list_checkpoints(copy.split("/")[2]).result()
     with server.client(api_key=OTHER) as service:
-        sampler = service.create_sampling_client(model_path=published)
+        sampler = service.create_sampling_client(model_path=published).result()
         assert sampler.compute_logprobs(tinker.ModelInput.from_ints(trained.tokens)).result()[1] is not None
 
 

@@ -20,7 +20,7 @@ from txserver import TxServer
 
 @pytest.fixture(scope="module")
 def sampler(trained: Trained) -> tinker.SamplingClient:
-    return trained.tc.save_weights_and_get_sampling_client("options")
+    return trained.tc.save_weights_and_get_sampling_client().result()
 
 
 def test_topk_target_and_alternatives_match_the_trainer(trained: Trained, sampler: tinker.SamplingClient) -> None:

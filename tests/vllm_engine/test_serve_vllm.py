@@ -87,7 +87,7 @@ def test_every_sampling_option_matches_the_trainer(client: tinker.ServiceClient)
     tc.forward_backward([sft_datum()], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     prompt = np.random.default_rng(3).integers(10, 1990, size=16).tolist()
-    assert_options_match_the_trainer(tc, tc.save_weights_and_get_sampling_client("options"), prompt)
+    assert_options_match_the_trainer(tc, tc.save_weights_and_get_sampling_client().result(), prompt)
 
 
 def test_killed_vllm_engine_is_restarted_and_the_next_sample_succeeds(server: TxServer,
