@@ -150,9 +150,12 @@ def test_custom_losses_and_checkpoint_bytes(client: tinker.ServiceClient,
         client.create_custom_loss(other_loss, input_ranks={"logprobs": 1}).result()
     refused(error, "custom_losses", 403)
     training = trainers[1]
-    training.save_weights_for_sampler("first").result()  # under the 1-byte quota when asked
+    first = training.save_weights_for_sampler("first").result().path  # under the 1-byte quota when asked
     with pytest.raises(tinker.APIStatusError) as error:
         training.save_state("second").result()
+    refused(error, "checkpoint_bytes", 403)
+    with pytest.raises(tinker.APIStatusError) as error:  # a copy counts too (it could outlive its source)
+        client.create_rest_client().copy_weights(first, "elsewhere").result()
     refused(error, "checkpoint_bytes", 403)
 
 

@@ -8,7 +8,7 @@ Each quota is checked where its use is decided, before anything is held:
 | runs, lora_rank | `RunService.create*` | the key's sessions end (their runs unload) |
 | queued_training_bytes | `Sequencer.submit` | the key's queued training calls run (transient) |
 | samples_in_flight | `SamplingService` | the key's samples finish (transient) |
-| checkpoint_bytes | `CheckpointWriter` | the key deletes checkpoints, or they expire |
+| checkpoint_bytes | `CheckpointWriter`, `WeightCopies` | the key deletes checkpoints, or they expire |
 | custom_losses | `CustomLosses.create` | the key's sessions end |
 | images_per_request | at submission | (a shape rule: send fewer images) |
 

@@ -69,7 +69,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         sequencer=sequencer,
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept, catalog.audit),
         catalog=catalog,
-        copies=WeightCopies(store, catalog),
+        copies=WeightCopies(store, catalog, limits),
         samplers=Samplers(store, catalog, base_models, engines),
         base_models=base_models,
         custom_losses=custom_losses,

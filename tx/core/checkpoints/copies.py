@@ -8,6 +8,7 @@ Rules (as the SDK describes them):
   that session's run `model_seq_id`, which must not exist yet. It keeps the source's kind and name.
 - The copy shares the source's bytes (hard links, `CheckpointFiles.link_copy`): nothing is duplicated, and
   deleting or expiring the source leaves the copy whole (and the other way round).
+- It counts in the caller's `checkpoint_bytes` quota, checked as for a save (tx/core/quotas.py).
 - Its TTL is the request's (none: it never expires); the source's expiry is not inherited. It is not public.
 - One copy per idempotency key (`X-Idempotency-Key`, stable across the SDK's retries): a repeat answers the
   first copy's path.
@@ -21,6 +22,7 @@ from datetime import timedelta
 
 from sqlalchemy.exc import IntegrityError
 
+from tx.core import quotas
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.files import KINDS, TinkerPath, validate_ttl
 from tx.store.store import Store
@@ -38,9 +40,10 @@ class CopyTarget:
 
 
 class WeightCopies:
-    def __init__(self, store: Store, catalog: CheckpointCatalog) -> None:
+    def __init__(self, store: Store, catalog: CheckpointCatalog, limits: quotas.QuotaLimits | None = None) -> None:
         self.store = store
         self.catalog = catalog
+        self.limits = limits or quotas.QuotaLimits()
 
     def copy(self, owner: str, source_path: str, target: CopyTarget, ttl_s: int | None, request_key: str | None,
              reader: str | None = None) -> str:
@@ -49,6 +52,9 @@ class WeightCopies:
         if request_key and (made := self.store.copy_made_for(owner, request_key)) is not None:
             return _path_of(made)
         source, source_run = self.catalog.readable(reader or owner, source_path, kinds=KINDS)
+        # a copy counts in the caller's checkpoint_bytes, as a save does (one that crosses it is kept)
+        quotas.check("checkpoint_bytes", self.store.checkpoint_bytes(owner), 1, self.limits.checkpoint_bytes,
+                     asked="a copy")
         session, run_id = self._destination(owner, target, source)
         dest = TinkerPath(run_id, source.kind, source.name)
         size = self.catalog.files.link_copy(source, dest)

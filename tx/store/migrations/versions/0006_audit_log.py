@@ -1,7 +1,7 @@
 """The audit log: who did what to which run, checkpoint and key (bounded by the janitor).
 
-Revision ID: 0005
-Follows: 0004
+Revision ID: 0006
+Follows: 0005
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

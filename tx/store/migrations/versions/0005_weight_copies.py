@@ -1,8 +1,8 @@
 """copy_weights: a training run may hold a copy of another checkpoint (`copied_from`), made once per
 idempotency key (`copy_request`, unique per owner).
 
-Revision ID: 0004
-Follows: 0003
+Revision ID: 0005
+Follows: 0004
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

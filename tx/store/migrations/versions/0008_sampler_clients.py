@@ -1,7 +1,7 @@
 """join_sampling_session: how many clients joined each sampling session (the next one gets that count + 1).
 
-Revision ID: 0007
-Follows: 0006
+Revision ID: 0008
+Follows: 0007
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0007"
-down_revision = "0006"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

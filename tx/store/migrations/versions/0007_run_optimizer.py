@@ -1,7 +1,7 @@
 """The optimizer a training run was created with (AdamW or Dimuon); runs recorded before it trained with AdamW.
 
-Revision ID: 0006
-Follows: 0005
+Revision ID: 0007
+Follows: 0006
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
