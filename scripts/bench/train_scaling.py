@@ -40,9 +40,9 @@ import torch
 
 from tx.backends.base import TrainingBackend
 from tx.backends.torch.backend import TorchBackend
-from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
 from tx.config.names import ShardBase
+from tx.config.sections import TrainerSection
 from tx.models import write_tiny_text_model
 from tx.optimizers import AdamParams
 from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tx.backends.torch.backend import TorchBackend
-from tx.config.sections import TrainerSection
 from tx.backends.torch.workers import create_workers_backend
+from tx.config.sections import TrainerSection
 from tx.models.tiny import write_tiny_text_model
 from tx.optimizers import AdamParams
 from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput

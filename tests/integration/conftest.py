@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
-
 from txserver import API_KEY, TxServer
 
 

@@ -8,9 +8,9 @@ from datetime import date
 import pytest
 import tinker
 from conftest import ALICE, BOB, OPERATOR, sft_datum
+from txserver import TxServer
 
 from tx.api.auth import owner_of
-from txserver import TxServer
 
 
 def log_of(server: TxServer, key: str, **query) -> list[tinker.types.AuditLogEntry]:

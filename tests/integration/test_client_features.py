@@ -12,7 +12,6 @@ import pytest
 import tinker
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
-
 from txserver import API_KEY, TxServer
 
 PROMPT = types.ModelInput.from_ints(list(range(20, 40)))

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import tinker
 from conftest import Trained, sft_datum
-
 from txserver import API_KEY, TxServer
 
 OTHER = "tml-other-tenant"

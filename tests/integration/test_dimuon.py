@@ -9,7 +9,6 @@ import pytest
 import tinker
 from conftest import Trained, sft_datum
 from tinker import types
-
 from txserver import TxServer
 
 STEPS, SAVE_AT = 8, 4

@@ -11,15 +11,13 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import tinker
+from conftest import ALICE, BOB, OPERATOR, TTL_S, sft_datum
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
-
-from conftest import ALICE, BOB, OPERATOR, TTL_S, sft_datum
-from tx.api.auth import owner_of
 from txserver import API_KEY, TxServer
 
+from tx.api.auth import owner_of
 
 CLI = r"""
 import contextlib, io, json, sys

@@ -11,10 +11,9 @@ import pytest
 import tinker
 import torch
 from conftest import Trained
-from tinker import types
-
 from cookbook import cookbook_available
 from sampling_options import BOUND, assert_options_match_the_trainer, trainer_logprobs
+from tinker import types
 from txserver import TxServer
 
 

@@ -16,9 +16,9 @@ from tx.backends.torch.backend import TorchBackend
 from tx.backends.torch.workers import create_workers_backend
 from tx.inference.launch.ray_launcher import RayLauncher
 from tx.models.tiny import write_tiny_text_model
+from tx.optimizers import AdamParams
 from tx.ray import connect
 from tx.ray.placement import PlacementSpec
-from tx.optimizers import AdamParams
 from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 pytestmark = pytest.mark.ray

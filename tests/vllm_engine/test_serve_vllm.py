@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import tinker
 from live_engine import vllm_missing
-from tinker import types
-
 from rl_toy import assert_reward_rose, run_rl_toy
 from sampling_options import assert_options_match_the_trainer
+from tinker import types
 from txserver import TxServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -16,7 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from engine_weights import assert_update_reaches_a_running_request, gloo_sender, perturbed, push, random_adapter
+from engine_weights import (
+    assert_update_reaches_a_running_request,
+    gloo_sender,
+    perturbed,
+    push,
+    random_adapter,
+)
 from live_engine import SECRET
 from reference_logprobs import token_logprobs
 from vllm_helpers import greedy

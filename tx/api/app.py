@@ -41,8 +41,8 @@ from tx.config.sections import EngineSection
 from tx.core.audit import AuditTrail
 from tx.cpu import ThreadBudget, split_threads
 from tx.core.checkpoints.downloads import DownloadSigner
-from tx.core.console import ConsoleViews
 from tx.core.checkpoints.files import CheckpointFiles
+from tx.core.console import ConsoleViews
 from tx.core.futures import FutureRegistry
 from tx.core.sampling.admission import SampleAdmission
 from tx.core.sampling.service import SamplingService

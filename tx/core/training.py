@@ -19,7 +19,14 @@ from tx.core.sampling.records import StabilityRecords
 from tx.core.sequencing import Lease, Sequencer
 from tx.core.views import optimizer_of_row
 from tx.optimizers import OptimParams, check_params_fit
-from tx.types import ForwardBackwardInput, ForwardBackwardResult, ImageChunk, OptimStepResult, TextChunk, UserError
+from tx.types import (
+    ForwardBackwardInput,
+    ForwardBackwardResult,
+    ImageChunk,
+    OptimStepResult,
+    TextChunk,
+    UserError,
+)
 
 T = TypeVar("T")
 

@@ -21,6 +21,7 @@ from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.optimizers import AdamParams
 from tx.store.store import Store
+from tx.types import Datum as DomainDatum
 from tx.types import (
     ErrorCategory,
     ForwardBackwardInput,
@@ -31,7 +32,6 @@ from tx.types import (
     StopReason,
     UserError,
 )
-from tx.types import Datum as DomainDatum
 
 OWNER = "owner-a"
 

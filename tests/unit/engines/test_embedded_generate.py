@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import engine_reference as reference
 import httpx
 import pytest
-
-import engine_reference as reference
 
 PROMPTS = [[5, 17, 230, 1000, 44], [100, 200, 300], [7] * 12, [1500, 3, 900, 12, 8, 64, 2000]]
 

@@ -16,8 +16,8 @@ from tx.api.wire.schemas import asample, models
 from tx.api.wire.tensors import densify_csr, reshape_dense
 from tx.optimizers import AdamParams, DimuonParams, OptimizerConfig, OptimParams
 from tx.types import (
-    MAX_SAMPLES_PER_REQUEST,
     MAX_PROMPT_ALT_CELLS,
+    MAX_SAMPLES_PER_REQUEST,
     MAX_TOPK_PROMPT_LOGPROBS,
     Chunk,
     ImageAssetPointer,
@@ -29,7 +29,6 @@ from tx.types import (
     TextChunk,
     UserError,
 )
-
 
 # Seeds are folded into [0, 2**63 - 1) so every engine sees an int64-safe value.
 _SEED_MODULUS = 2**63 - 1

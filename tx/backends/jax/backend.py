@@ -21,12 +21,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from tx.backends.base import adam_params
-from tx.backends.lora_files import LoraFilesBackend, check_compatible
 from tx.backends.jax import lora as lora_mod
 from tx.backends.jax import mesh as mesh_mod
 from tx.backends.jax import optim, shapes, state, step
 from tx.backends.jax.model import load_weights
 from tx.backends.jax.spec import ModelSpec, read_spec
+from tx.backends.lora_files import LoraFilesBackend, check_compatible
 from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.model import read_model_info

@@ -43,8 +43,8 @@ from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.config.sections import TrainerSection
-from tx.multimodal import ImageLimits, vision_processor
 from tx.devices import resolve_device
+from tx.multimodal import ImageLimits, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
     BaseModelInfo,
