@@ -143,7 +143,7 @@ def other_loss(logprobs):
     return -logprobs.mean(), {}
 
 
-def test_custom_losses_and_checkpoint_bytes(client: tinker.ServiceClient,
+def test_custom_losses_and_checkpoint_bytes(server: TxServer, client: tinker.ServiceClient,
                                             trainers: list[tinker.TrainingClient]) -> None:
     client.create_custom_loss(loss, input_ranks={"logprobs": 1}).result()
     with pytest.raises(tinker.APIStatusError) as error:
@@ -155,7 +155,7 @@ def test_custom_losses_and_checkpoint_bytes(client: tinker.ServiceClient,
         training.save_state("second").result()
     refused(error, "checkpoint_bytes", 403)
     with pytest.raises(tinker.APIStatusError) as error:  # a copy counts too (it could outlive its source)
-        client.create_rest_client().copy_weights(first, "elsewhere").result()
+        tinker.RestClient(base_url=server.url, api_key=KEY).copy_weights(first, "elsewhere").result()
     refused(error, "checkpoint_bytes", 403)
 
 
