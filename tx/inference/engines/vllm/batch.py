@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 
 class BatchGate:
@@ -43,3 +45,15 @@ class BatchGate:
             async with self._cond:
                 self._exclusive = False
                 self._cond.notify_all()
+
+    async def complete(self, bodies: list[dict], complete: Callable[[dict], Awaitable[Any]],
+                       first_alone: bool = False) -> list[Any]:
+        """Each body's answer, in order: the first alone in vLLM's batch if asked, the others shared."""
+        answers = []
+        if first_alone:
+            async with self.exclusive():
+                answers.append(await complete(bodies[0]))
+            bodies = bodies[1:]
+        async with self.shared():
+            answers += await asyncio.gather(*(complete(body) for body in bodies))
+        return answers

@@ -15,16 +15,28 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
+from tx.inference.engines.scores import check_prompt_scores, model_vocab_size
 from tx.inference.engines.vllm.translate import TranslationError, best_by_id
 from tx.inference.protocol import GenerateRequest
 
 Complete = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
-def wants_prompt_scores(request: GenerateRequest) -> bool:
-    return request.target_token_ids is not None or request.prompt_alt_tokens_k > 0
+class PromptScores:
+    """The engine's prompt scores for its model: `check` a request before it queues (a 400, never a failed batch),
+    then `answer` it (the response fields, none asked: {})."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.vocab_size = model_vocab_size(model_dir)
+
+    def check(self, request: GenerateRequest) -> None:
+        check_prompt_scores(request, self.vocab_size)
+
+    async def answer(self, request: GenerateRequest, model: str, complete: Complete) -> dict[str, Any]:
+        return await prompt_scores(request, model, complete)
 
 
 async def prompt_scores(request: GenerateRequest, model: str, complete: Complete) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 
 from tx.inference import protocol as p
-from tx.inference.engines.scores import check_prompt_scores, model_vocab_size
 from tx.inference.engines.stops import cut_at_resumed_stop
 from tx.inference.engines.vllm.adapters import LoadedAdapters
 from tx.inference.engines.vllm.batch import BatchGate
@@ -41,8 +40,8 @@ from tx.inference.engines.vllm.images import (
     content_parts,
     decode_images,
 )
-from tx.inference.engines.vllm.scores import prompt_scores
 from tx.inference.engines.vllm.placement import placement
+from tx.inference.engines.vllm.scores import PromptScores
 from tx.inference.engines.vllm.translate import (
     completion_bodies,
     generate_response,
@@ -78,7 +77,7 @@ class VllmEngine:
         self._weights = asyncio.Lock()
         self._batch = BatchGate()
         self.vision = VisionModel.load(config.model_dir)  # None: a text-only model
-        self.vocab_size = model_vocab_size(config.model_dir)
+        self.scores = PromptScores(config.model_dir)  # the prompt's scores (vllm/scores.py)
         self._placement: dict | None = None  # what /health says about where vLLM runs (read on first use)
         self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
         self._tokenizer: Any = None  # for stop strings across an abort (loaded on first use)
@@ -97,7 +96,7 @@ class VllmEngine:
             await asyncio.to_thread(decode_images, request)
         if request.adapter is not None and request.adapter not in self.adapters:
             raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
-        check_prompt_scores(request, self.vocab_size)
+        self.scores.check(request)
         self.num_waiting += 1
         try:
             await self._open.wait()
@@ -115,15 +114,10 @@ class VllmEngine:
             bodies = [tokens_body(body, prompt, parts) for body in bodies]
             complete = functools.partial(self._generate_tokens, request)
         self.num_running += 1
-        try:
-            answers = []
-            if isolate:  # alone in vLLM's batch: see translate.py (LoRA + prompt logprobs)
-                async with self._batch.exclusive():
-                    answers.append(await complete(bodies[0]))
-                bodies = bodies[1:]
+        try:  # isolated: the first body alone in vLLM's batch, see translate.py (LoRA + prompt logprobs)
+            answers = await self._batch.complete(bodies, complete, first_alone=isolate)
             async with self._batch.shared():
-                answers += await asyncio.gather(*(complete(body) for body in bodies))
-                scores = await prompt_scores(request, model, self._complete)
+                scores = await self.scores.answer(request, model, self._complete)
         finally:
             self.num_running -= 1
         response = generate_response(request, answers).model_copy(update=scores)
