@@ -75,7 +75,8 @@ def run(layout: str, packing: str, experts: bool, num_datums: int, lengths_range
     import torch
 
     from tx.backends.torch.backend import TorchBackend
-    from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+    from tx.optimizers import AdamParams
+    from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
     backend = TorchBackend({"m": model_dir(layout)}, device="auto")
     backend.create_model("run", "m", LoraConfig(rank=32, seed=0, train_mlp=experts or layout != "moe"))
