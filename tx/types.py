@@ -289,11 +289,6 @@ class TargetTokens:
     ids: np.ndarray
     csr: tuple[np.ndarray, np.ndarray] | None = None
 
-    def first_row(self) -> int:
-        """The first row that names an id (rows before it are not scored)."""
-        named = np.flatnonzero((self.ids >= 0).any(axis=1))
-        return int(named[0]) if named.size else len(self.ids)
-
 
 @dataclass(frozen=True)
 class TargetLogprobs:

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from tx.store.audit import AuditLog
+from tx.store.copies import WeightCopyRows
 from tx.store.metrics import RunMetricsTable
 from tx.store.migrate import upgrade_to_head
 from tx.store.overview import Overview
@@ -65,6 +66,7 @@ class Store:
         self.overview = Overview(self._sessions)
         self.stability = StabilityRecordStore(self._sessions)  # sampled sequences' records (stability.py)
         self.audit = AuditLog(self._tx)
+        self.copies = WeightCopyRows(self._tx)  # copy_weights' runs (copies.py)
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -314,25 +316,6 @@ class Store:
                 CheckpointRow.expires_at.is_not(None), CheckpointRow.expires_at < now
             )
             return list(db.scalars(query))
-
-    # -- copies (copy_weights) --------------------------------------------------------------
-    def copy_made_for(self, owner: str, request_key: str) -> TrainingRunRow | None:
-        """The run an earlier copy request with this idempotency key made, if any."""
-        with self._tx() as db:
-            return db.scalar(select(TrainingRunRow).where(TrainingRunRow.owner == owner,
-                                                          TrainingRunRow.copy_request == request_key))
-
-    def add_copy(self, session: SessionRow | None, run: TrainingRunRow, checkpoint: CheckpointRow) -> None:
-        """The run holding a copy and its one checkpoint (in a new session, if given), in one transaction."""
-        with self._tx() as db:
-            if db.get(TrainingRunRow, run.run_id) is not None:
-                raise ConflictError(f"training run {run.run_id!r} already exists")
-            if session is not None:
-                db.add(session)
-                db.flush()
-            db.add(run)
-            db.flush()
-            db.add(checkpoint)
 
     # -- sampling sessions ------------------------------------------------------------------
     def create_sampling_session(self, row: SamplingSessionRow) -> SamplingSessionRow:

@@ -49,7 +49,7 @@ class WeightCopies:
              reader: str | None = None) -> str:
         """The tinker path of the copy (of an earlier copy made for the same `request_key`)."""
         validate_ttl(ttl_s)
-        if request_key and (made := self.store.copy_made_for(owner, request_key)) is not None:
+        if request_key and (made := self.store.copies.made_for(owner, request_key)) is not None:
             return _path_of(made)
         source, source_run = self.catalog.readable(reader or owner, source_path, kinds=KINDS)
         # a copy counts in the caller's checkpoint_bytes, as a save does (one that crosses it is kept)
@@ -67,10 +67,10 @@ class WeightCopies:
                                    size_bytes=size, created_at=now, public=False,
                                    expires_at=now + timedelta(seconds=ttl_s) if ttl_s is not None else None)
         try:
-            self.store.add_copy(session, run, checkpoint)
+            self.store.copies.add(session, run, checkpoint)
         except (ConflictError, IntegrityError):
             self.catalog.files.delete(dest)
-            if request_key and (made := self.store.copy_made_for(owner, request_key)) is not None:
+            if request_key and (made := self.store.copies.made_for(owner, request_key)) is not None:
                 return _path_of(made)  # the same request, retried while the first was being made
             raise ConflictError(f"training run {run_id!r} already exists") from None
         self.catalog.audit.record("checkpoint_copy", owner, subject_owner=source_run.owner, run_id=source.run_id,

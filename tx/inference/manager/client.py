@@ -28,6 +28,7 @@ from tx.inference.protocol import (
 from tx.inference.protocol.stream import GenerateEvent
 from tx.types import SampleRequest, SampleResult, TokenListener
 
+
 class EngineUnavailable(RuntimeError):
     """The engine could not be reached (dead process, refused connection, timeout)."""
 
