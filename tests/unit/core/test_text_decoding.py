@@ -45,7 +45,7 @@ def test_streamed_text_never_passes_a_stop_string(tokenizer: Any) -> None:
     for stops in (("STOP",), ("at.", "zz-never"), ()):
         stream = TextStream(tokenizer, stops)
         pieces = [stream.push([token]) for token in tokens]
-        final = _choice(tokenizer, tokens, [0.0] * len(tokens), StopReason.STOP, stops).text
+        final = _choice(tokenizer, SampledSequence(tokens, [0.0] * len(tokens), StopReason.STOP), stops).text
         sent = "".join(pieces)
         assert final.startswith(sent) and sent + stream.rest(final) == final
         assert not any(stop in sent for stop in stops)
