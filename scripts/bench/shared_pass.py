@@ -41,7 +41,8 @@ import torch
 
 from tx.backends.torch.backend import TorchBackend
 from tx.models import write_tiny_text_model
-from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, ModelInput
+from tx.optimizers import AdamParams
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
 ADAM = AdamParams(learning_rate=1e-4)
 

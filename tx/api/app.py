@@ -39,7 +39,6 @@ from tx.backends import create_backend
 from tx.config import Settings
 from tx.config.sections import EngineSection
 from tx.core.audit import AuditTrail
-from tx.cpu import ThreadBudget, split_threads
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.console import ConsoleViews
@@ -50,6 +49,7 @@ from tx.core.sampling.text import TextSampling
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.core.views import RunViews
+from tx.cpu import ThreadBudget, split_threads
 from tx.inference.engines.kinds import engine_kind
 from tx.inference.launch import Launcher
 from tx.inference.launch.build import build_launcher

@@ -17,7 +17,8 @@ from tx.backends.torch import logprobs
 from tx.backends.torch.backend import TorchBackend
 from tx.backends.torch.lora import AdapterHost
 from tx.config.sections import TrainerSection
-from tx.types import AdamParams, Datum, ForwardBackwardInput, LoraConfig, UserError
+from tx.optimizers import AdamParams
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, UserError
 
 LOSSES = ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo"]
 LORAS = [  # runs differ in rank and targets: a LoRA layer some runs have and others do not

@@ -16,8 +16,9 @@ from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import FutureRegistry
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
+from tx.optimizers import AdamParams, OptimParams
 from tx.store.store import Store
-from tx.types import AdamParams, ForwardBackwardInput, ForwardBackwardResult, LoraConfig, OptimStepResult
+from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig, OptimStepResult
 
 OWNER = "owner"
 
@@ -31,9 +32,9 @@ class ThreadsSeen(TorchBackend):
         self.seen.append(torch.get_num_threads())
         return super().forward_backward(model_id, batch)
 
-    def optim_step(self, model_id: str, adam: AdamParams) -> OptimStepResult:
+    def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
         self.seen.append(torch.get_num_threads())
-        return super().optim_step(model_id, adam)
+        return super().optim_step(model_id, params)
 
 
 def test_each_pass_runs_with_the_share_of_the_moment(tiny_model_dir: Path, tmp_path: Path) -> None:

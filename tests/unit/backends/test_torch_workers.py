@@ -12,9 +12,9 @@ from backend_helpers import TINY_NAME, ce, sft_data, snapshot
 
 from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.workers import create_workers_backend
-from tx.backends.torch.workers.shares import split_by_tokens
 from tx.backends.torch.workers.messages import Request, WireDatum
 from tx.backends.torch.workers.policy import base_bytes, too_big
+from tx.backends.torch.workers.shares import split_by_tokens
 from tx.config.sections import TrainerSection
 from tx.optimizers import AdamParams
 from tx.types import (
