@@ -45,6 +45,8 @@ def test_unpickled_sampling_clients_join_the_session(server: TxServer) -> None:
             assert clone.sample(PROMPT, 1, params).result().sequences[0].tokens == original.sequences[0].tokens
         assert sorted(clone._cloned_sampler_id for clone in clones) == [1, 2]  # numbered by the server
         sampler_id = clones[0]._sampling_session_id
+        for holder in {id(clone.holder): clone.holder for clone in clones}.values():
+            holder.close()  # an unpickled client's holder heartbeats the session until closed, as in a worker
     other = httpx.post(f"{server.url}/api/v1/join_sampling_session", json={"sampling_session_id": sampler_id},
                        headers={"X-API-Key": "tml-someone-else"})
     assert other.status_code == 404
@@ -55,9 +57,13 @@ def test_an_abandoned_sample_is_cancelled_on_the_server(server: TxServer) -> Non
         assert service.holder._client_dynamic_config.sample_cancel_enabled
         sampler = service.create_sampling_client(base_model="tiny-qwen3").result()
         before = requests_to(server, "/api/v1/cancel_future")
-        future = sampler.sample(PROMPT, 8, types.SamplingParams(max_tokens=200, stop=[]))
-        time.sleep(1.0)  # submitted, and being polled
-        future.future().cancel()  # the SDK's way to give up on an APIFuture
+        submitted = requests_to(server, "/api/v1/asample")
+        # long enough to be still running when given up on: a warm engine answers 8 x 200 tokens in under a second
+        future = sampler.sample(PROMPT, 8, types.SamplingParams(max_tokens=2000, stop=[]))
+        deadline = time.monotonic() + 30
+        while requests_to(server, "/api/v1/asample") == submitted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert future.future().cancel(), "still running"  # the SDK's way to give up on an APIFuture
         deadline = time.monotonic() + 30
         while requests_to(server, "/api/v1/cancel_future") == before and time.monotonic() < deadline:
             time.sleep(0.2)
