@@ -104,6 +104,8 @@ def _trainer_arguments(p: argparse.ArgumentParser) -> None:
                         "shard only a base that does not fit)")
     p.add_argument("--train-max-sequence-tokens", type=int,
                    help="longest datum accepted for training (default: the model's context)")
+    p.add_argument("--shared-pass", choices=("auto", "on", "off"),
+                   help="several runs' ready calls in one training pass (default auto: on with CUDA, off on CPU)")
     p.add_argument("--cpu-threads", type=int,
                    help="CPU threads the trainer and local engines share (default: this machine's CPUs)")
     p.add_argument("--trainer-threads", type=int,

@@ -36,6 +36,7 @@ from tx.api.routes import (
 from tx.api.routes import metrics as metrics_route
 from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
+from tx.backends.base import TrainingBackend
 from tx.config import Settings
 from tx.config.sections import EngineSection
 from tx.core.audit import AuditTrail
@@ -111,6 +112,13 @@ def thread_budget(settings: Settings, num_engines: int) -> ThreadBudget:
                          engine=settings.engines.threads)
 
 
+def shares_passes(settings: Settings, backend: TrainingBackend) -> bool:
+    """Whether runs' ready calls share training passes: the `shared_pass` setting; auto is on with CUDA only
+    (on CPU a larger pass costs more per token: docs/operations.md#shared-passes)."""
+    choice = settings.trainer.shared_pass
+    return choice == "on" or (choice == "auto" and backend.training_device().startswith("cuda"))
+
+
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     models = resolve_served_models(settings)
@@ -130,7 +138,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
                              ray_options=trainer_placement(launcher, loop), threads=budget.total)
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
-    scheduler = Scheduler(futures_, settings.seq_gap_timeout_s)
+    scheduler = Scheduler(futures_, settings.seq_gap_timeout_s, share=shares_passes(settings, backend))
     manager = build_manager(engines, models, loop, backend.training_device(), launcher, colocate, externals)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)

@@ -116,6 +116,10 @@ class TrainerSection(Section):
         description="The trainer's torch threads while an engine runs on this machine (all of cpu_threads until "
         "then; trainer workers split them; tx/cpu.py). Default: what the engines leave.",
     )
+    shared_pass: Literal["auto", "on", "off"] = Field(
+        default="auto", description="Train ready calls of several runs on one base model in one pass (auto: on "
+        "with CUDA; off on CPU, where a larger pass costs more per token: docs/operations.md#shared-passes).",
+    )
     node_labels: NodeLabels = Field(
         default_factory=dict, validation_alias="trainer_node_labels",
         description="With --ray-address and trainer workers: Ray node labels (key=value) the workers' nodes "

@@ -22,6 +22,12 @@ instead of waiting out the gap timeout.
 
 Unsequenced jobs (model creation, create-from-checkpoint) run in arrival order, before any
 sequenced job that is ready at the same moment.
+
+Shared passes (`share=True`, the `shared_pass` setting): when the job picked first is `joinable`, the ready
+jobs of other runs joinable in the same group (a base model) join it in fair-share order while their tokens fit
+`SHARED_PASS_TOKENS`; each one taken is charged its own tokens, and they run in one call (`Joinable.run`), each
+future resolved with its own result or error. A job cancelled while queued leaves the pass; one left alone runs
+as it would without sharing.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +48,18 @@ from tx.types import ErrorCategory
 
 logger = logging.getLogger(__name__)
 
+SHARED_PASS_TOKENS = 65_536  # most tokens of the jobs in one shared pass (the first one may be larger alone)
+
+
+@dataclass(frozen=True)
+class Joinable:
+    """What lets a job share a pass: jobs whose `group` is equal run together as `run([item, ...])`, which
+    returns each item's result or error, in order."""
+
+    group: Hashable
+    item: Any
+    run: Callable[[list[Any]], list[Any]]
+
 
 @dataclass
 class Job:
@@ -50,6 +68,7 @@ class Job:
     lease: Callable[[], AbstractContextManager[Any]] | None = None  # e.g. the accelerator, from colocated engines
     cost: float = 0.0  # tokens it trains on (fair share charges at least fairshare.MIN_COST)
     size: int = 0  # bytes it holds while queued (its request), for the tenant's quota
+    joinable: Joinable | None = None  # may share its pass with other runs' jobs (see "Shared passes")
 
 
 @dataclass
@@ -69,8 +88,10 @@ class ModelQueue:
 
 
 class Scheduler:
-    def __init__(self, futures: FutureRegistry, gap_timeout_s: float, fair: FairShare | None = None) -> None:
+    def __init__(self, futures: FutureRegistry, gap_timeout_s: float, fair: FairShare | None = None,
+                 share: bool = False) -> None:
         self._futures = futures
+        self._share = share
         self._gap_timeout_s = gap_timeout_s
         self._queues: dict[str, ModelQueue] = {}
         self._unsequenced: deque[Job] = deque()
@@ -173,30 +194,54 @@ class Scheduler:
             with self._cond:
                 if self._stopping:  # the job in hand was the last: a stopping server starts no other
                     return
-                job = self._next_job()
-                while job is None and not self._stopping:
+                jobs = self._next_jobs()
+                while not jobs and not self._stopping:
                     self._cond.wait(timeout=self._wait_time())
-                    job = self._next_job()
-                if job is None:
+                    jobs = self._next_jobs()
+                if not jobs:
                     return
-            self._execute(job)
+            self._execute([job for job in jobs if self._futures.start(job.future)])  # less those cancelled
 
-    def _next_job(self) -> Job | None:
+    def _next_jobs(self) -> list[Job]:
+        """The jobs of the next pass: one, or several joined in a shared pass; none if nothing is ready."""
         if self._unsequenced:
-            return self._unsequenced.popleft()
+            return [self._unsequenced.popleft()]
         now = time.monotonic()
         ready = [Candidate(queue.tenant, model_id, queue.pending[queue.next_seq].cost)
                  for model_id, queue in self._queues.items() if self._ready(model_id, queue, now)]
-        picked = self._fair.pick(ready)
-        if picked is None:
-            return None
-        self._fair.charge(picked)
-        queue = self._queues[str(picked.key)]
-        job = queue.pending.pop(queue.next_seq)
-        queue.next_seq += 1
-        tally(self._queued_bytes, queue.tenant, -job.size)
-        _mark_waiting([c for c in ready if c is not picked], picked, self._queues)
-        return job
+        taken = self._joining(self._fair.order(ready))
+        jobs = []
+        for candidate in taken:
+            self._fair.charge(candidate)
+            queue = self._queues[str(candidate.key)]
+            jobs.append(queue.pending.pop(queue.next_seq))
+            queue.next_seq += 1
+            tally(self._queued_bytes, queue.tenant, -jobs[-1].size)
+        _mark_waiting([c for c in ready if c not in taken], {c.tenant for c in taken}, self._queues)
+        return jobs
+
+    def _joining(self, order: list[Candidate]) -> list[Candidate]:
+        """The first in fair-share order, and with sharing on the others that join its pass (same group, while
+        their tokens fit), in that order; stops at the first that does not fit so none jumps ahead of it."""
+        if not order:
+            return []
+        first = self._head(order[0]).joinable
+        if not self._share or first is None:
+            return order[:1]
+        taken, tokens = order[:1], order[0].cost
+        for candidate in order[1:]:
+            joinable = self._head(candidate).joinable
+            if joinable is None or joinable.group != first.group:
+                continue
+            if tokens + candidate.cost > SHARED_PASS_TOKENS:
+                break
+            taken.append(candidate)
+            tokens += candidate.cost
+        return taken
+
+    def _head(self, candidate: Candidate) -> Job:
+        queue = self._queues[str(candidate.key)]
+        return queue.pending[queue.next_seq]
 
     def _ready(self, model_id: str, queue: ModelQueue, now: float) -> bool:
         """Whether the model's next job may run now (after skipping a gap that timed out)."""
@@ -224,9 +269,13 @@ class Scheduler:
             return None
         return max(0.01, min(blocked) + self._gap_timeout_s - time.monotonic())
 
-    def _execute(self, job: Job) -> None:
-        if not self._futures.start(job.future):  # cancelled while queued
-            return
+    def _execute(self, jobs: list[Job]) -> None:
+        if len(jobs) > 1:
+            self._execute_shared(jobs)
+        elif jobs:
+            self._execute_one(jobs[0])
+
+    def _execute_one(self, job: Job) -> None:
         try:
             with job.lease() if job.lease is not None else contextlib.nullcontext():
                 result = job.fn()
@@ -236,17 +285,34 @@ class Scheduler:
         else:
             self._futures.resolve(job.future, result)
 
+    def _execute_shared(self, jobs: list[Job]) -> None:
+        """Jobs joined in one pass (all joinable, one group), under a lease if any of them takes one."""
+        lease = next((job.lease for job in jobs if job.lease is not None), None)
+        joinables = [job.joinable for job in jobs if job.joinable is not None]
+        try:
+            with lease() if lease is not None else contextlib.nullcontext():
+                results = joinables[0].run([joinable.item for joinable in joinables])
+        except Exception as exc:  # noqa: BLE001 - the pass itself failed: every job's future carries it
+            results = [exc] * len(jobs)
+        for job, result in zip(jobs, results, strict=True):
+            if not isinstance(result, Exception):
+                self._futures.resolve(job.future, result)
+            elif self._futures.fail_with(job.future, result) is ErrorCategory.SERVER:
+                logger.error("%s %s failed in a shared pass", job.future.kind, job.future.request_id,
+                             exc_info=result)
 
-def _mark_waiting(waiting: list[Candidate], picked: Candidate, queues: dict[str, ModelQueue]) -> None:
-    """Tell each ready job left waiting why (its future's queue state, read by retrieve_future)."""
-    others = len({c.tenant for c in waiting} - {picked.tenant})
+
+def _mark_waiting(waiting: list[Candidate], picked: set[str], queues: dict[str, ModelQueue]) -> None:
+    """Tell each ready job left waiting why (its future's queue state, read by retrieve_future); `picked`: the
+    tenants whose work runs now."""
+    others = len({c.tenant for c in waiting} - picked)
     for candidate in waiting:
         queue = queues[str(candidate.key)]
         future = queue.pending[queue.next_seq].future
-        if candidate.tenant == picked.tenant:
+        if candidate.tenant in picked:
             future.queue_state = "paused_rate_limit"
             future.queue_state_reason = "this key's other training runs take their turns first (fair share)"
         else:
             future.queue_state = "paused_capacity"
-            future.queue_state_reason = (f"the trainer is running another key's work; {others + 1} keys have work "
-                                         "ready and take turns by tokens (fair share)")
+            future.queue_state_reason = (f"the trainer is running another key's work; {others + len(picked)} keys "
+                                         "have work ready and take turns by tokens (fair share)")

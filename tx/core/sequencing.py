@@ -18,7 +18,7 @@ from typing import Any
 from tx.core import quotas
 from tx.core.futures import Future, FutureRegistry
 from tx.core.quotas import QuotaLimits
-from tx.core.scheduler import Job, Scheduler
+from tx.core.scheduler import Job, Joinable, Scheduler
 from tx.store.store import Store
 from tx.types import NotFoundError, UserError
 
@@ -35,10 +35,11 @@ class Sequencer:
 
     def submit(self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
                lease: Lease | None = None, check: Callable[[], None] | None = None, *,
-               cost: float = 0.0, size: int = 0) -> Future:
+               cost: float = 0.0, size: int = 0, joinable: Joinable | None = None) -> Future:
         """Queue `fn` as `model_id`'s call `seq_id`. `check` raises (a UserError) for work that can never run:
         it is refused here, before a future exists, and the route counts its seq_id as used. `cost`: the tokens
-        it trains on (fair share); `size`: the bytes it holds while queued (the key's quota)."""
+        it trains on (fair share); `size`: the bytes it holds while queued (the key's quota); `joinable`: lets it
+        share a pass with other runs' calls (`scheduler.py`, "Shared passes")."""
         run = self.store.get_run(model_id, owner)
         if run.copied_from is not None:
             raise UserError(f"training run {model_id!r} holds a copy of {run.copied_from} and is never trained; "
@@ -62,7 +63,7 @@ class Sequencer:
         )
         if not created:
             return future
-        self.scheduler.submit(model_id, seq_id, Job(future, fn, lease, cost=cost, size=size))
+        self.scheduler.submit(model_id, seq_id, Job(future, fn, lease, cost=cost, size=size, joinable=joinable))
         self.store.touch_run(model_id)  # after: a store write (a disk sync, ~10 ms) is no part of the step
         return future
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from tx.backends.base import TrainingBackend
@@ -16,6 +17,7 @@ from tx.core.futures import Future
 from tx.core.results import WeightsLoaded
 from tx.core.run_metrics import Measured, MetricsRecorder
 from tx.core.sampling.records import StabilityRecords
+from tx.core.scheduler import Joinable
 from tx.core.sequencing import Lease, Sequencer
 from tx.core.views import optimizer_of_row
 from tx.optimizers import OptimParams, check_params_fit
@@ -29,6 +31,16 @@ from tx.types import (
 )
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One run's call in a shared pass: its run, its batch as checked at submission, and what ends it alone
+    (counting, metrics) given its result and the pass's start."""
+
+    model_id: str
+    batch: Callable[[], ForwardBackwardInput]
+    finish: Callable[[ForwardBackwardResult, float], ForwardBackwardResult]
 
 
 class TrainingCalls:
@@ -47,6 +59,8 @@ class TrainingCalls:
         self.recorder = recorder  # per-step metrics for the console (None: not recorded)
         self.trained_by_owner: dict[str, int] = {}  # the same, per key (only the training thread writes them)
         self._threads = threads
+        self.shared_passes = 0  # passes that ran several runs' calls together, and the calls they ran
+        self.shared_calls = 0
 
     def _pass(self, fn: Callable[[], T]) -> T:
         """Run `fn` (a backend call, on the training thread) with the trainer's current thread share."""
@@ -68,19 +82,37 @@ class TrainingCalls:
             if needs_records(batch):
                 self.records.touch(owner, named_sequences(batch))  # used: each record's day starts again
 
-        def train() -> ForwardBackwardResult:
-            start = time.perf_counter()
-            result = self._pass(lambda: self.backend.forward_backward(model_id, checked[0]))
-            if not batch.forward_only:  # only the training thread writes it
-                tokens = sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
-                self.trained_tokens += tokens
-                self.trained_by_owner[owner] = self.trained_by_owner.get(owner, 0) + tokens
+        def finish(result: ForwardBackwardResult, start: float) -> ForwardBackwardResult:
+            self._count(owner, batch, result)
             self._measured(model_id, "forward" if batch.forward_only else "forward_backward", start, batch, result)
             return result
 
+        def train() -> ForwardBackwardResult:
+            start = time.perf_counter()
+            return finish(self._pass(lambda: self.backend.forward_backward(model_id, checked[0])), start)
+
+        part = Part(model_id, lambda: checked[0], finish)
+        joinable = Joinable(run.base_model, part, self._train_together)
         tokens, size, images = measure(batch)
         quotas.check("images_per_request", 0, images, self.sequencer.limits.images_per_request)
-        return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check, cost=tokens, size=size)
+        return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check, cost=tokens, size=size,
+                                     joinable=joinable)
+
+    def _count(self, owner: str, batch: ForwardBackwardInput, result: ForwardBackwardResult) -> None:
+        """Count a forward_backward's target tokens (not a forward's); only the training thread writes them."""
+        if not batch.forward_only:
+            tokens = sum(len(output["logprobs"]) for output in result.loss_fn_outputs)
+            self.trained_tokens += tokens
+            self.trained_by_owner[owner] = self.trained_by_owner.get(owner, 0) + tokens
+
+    def _train_together(self, parts: list[Part]) -> list[ForwardBackwardResult | Exception]:
+        """Several runs' forward_backward (or forward) calls in one pass (the scheduler's shared pass): each
+        call's result, counted and measured as if alone, or its own error."""
+        start = time.perf_counter()
+        results = self._pass(lambda: self.backend.forward_backward_many([(p.model_id, p.batch()) for p in parts]))
+        self.shared_passes += 1
+        self.shared_calls += len(parts)
+        return [r if isinstance(r, Exception) else p.finish(r, start) for p, r in zip(parts, results, strict=True)]
 
     def _with_records(self, owner: str, session_id: str, base_model: str,
                       batch: ForwardBackwardInput) -> ForwardBackwardInput:
