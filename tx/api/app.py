@@ -36,7 +36,6 @@ from tx.api.routes import (
 from tx.api.routes import metrics as metrics_route
 from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
-from tx.backends.base import TrainingBackend
 from tx.config import Settings
 from tx.config.sections import EngineSection
 from tx.core.audit import AuditTrail
@@ -112,11 +111,11 @@ def thread_budget(settings: Settings, num_engines: int) -> ThreadBudget:
                          engine=settings.engines.threads)
 
 
-def shares_passes(settings: Settings, backend: TrainingBackend) -> bool:
+def shares_passes(settings: Settings, training_device: str) -> bool:
     """Whether runs' ready calls share training passes: the `shared_pass` setting; auto is on with CUDA only
     (on CPU a larger pass costs more per token: docs/operations.md#shared-passes)."""
     choice = settings.trainer.shared_pass
-    return choice == "on" or (choice == "auto" and backend.training_device().startswith("cuda"))
+    return choice == "on" or (choice == "auto" and training_device.startswith("cuda"))
 
 
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
@@ -138,7 +137,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
                              ray_options=trainer_placement(launcher, loop), threads=budget.total)
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)
-    scheduler = Scheduler(futures_, settings.seq_gap_timeout_s, share=shares_passes(settings, backend))
+    scheduler = Scheduler(futures_, settings.seq_gap_timeout_s, share=shares_passes(settings, backend.training_device()))
     manager = build_manager(engines, models, loop, backend.training_device(), launcher, colocate, externals)
     files = checkpoint_files(settings.checkpoints_dir)
     signer = DownloadSigner.from_data_dir(settings.data_dir, settings.download_link_ttl_s)

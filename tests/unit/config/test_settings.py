@@ -104,3 +104,15 @@ def test_node_labels_from_flags_and_variables(monkeypatch: pytest.MonkeyPatch) -
 def test_node_labels_refused_where_they_place_nothing(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Settings(**fields)
+
+
+def test_shared_pass_is_on_with_cuda_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tx.api.app import shares_passes
+
+    auto = Settings()
+    assert [shares_passes(auto, device) for device in ("cuda", "cuda:1", "cpu")] == [True, True, False]
+    monkeypatch.setenv("TX_SHARED_PASS", "on")
+    assert shares_passes(Settings(), "cpu")
+    args = build_parser().parse_args(["serve", "--shared-pass", "off"])
+    assert not shares_passes(Settings(**{k: v for k, v in vars(args).items() if v is not None and k != "command"}),
+                             "cuda")
