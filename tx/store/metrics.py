@@ -7,8 +7,6 @@ older half, so a long run keeps its whole shape at a coarser grain and its recen
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -48,13 +46,8 @@ class RunMetricsTable:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self._sessions.begin() as db:
-            yield db
-
     def add(self, rows: list[RunMetricRow]) -> None:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             db.add_all(rows)
 
     def since(self, run_id: str, after_seq: int, limit: int) -> list[MetricPoint]:
@@ -62,7 +55,7 @@ class RunMetricsTable:
         c = RunMetricRow
         query = (select(c.seq, c.step, c.kind, c.finished, c.seconds, c.tokens, c.total_tokens, c.metrics)
                  .where(c.run_id == run_id, c.seq > after_seq).order_by(c.seq).limit(limit))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return [MetricPoint(*row) for row in db.execute(query)]
 
     def totals(self, run_ids: list[str]) -> dict[str, RunTotals]:
@@ -73,7 +66,7 @@ class RunMetricsTable:
                   .where(RunMetricRow.run_id.in_(run_ids)).group_by(RunMetricRow.run_id).subquery())
         query = (select(RunMetricRow, latest.c.rows)
                  .join(latest, (RunMetricRow.run_id == latest.c.run_id) & (RunMetricRow.seq == latest.c.seq)))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return {row.run_id: RunTotals(row.seq, row.step, row.total_tokens, row.finished, int(rows))
                     for row, rows in db.execute(query)}
 
@@ -86,23 +79,23 @@ class RunMetricsTable:
                   .group_by(RunMetricRow.run_id).subquery())
         query = (select(RunMetricRow.run_id, RunMetricRow.metrics)
                  .join(latest, (RunMetricRow.run_id == latest.c.run_id) & (RunMetricRow.seq == latest.c.seq)))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return {run_id: float(metrics[name]) for run_id, metrics in db.execute(query)
                     if isinstance(metrics, dict) and isinstance(metrics.get(name), (int, float))}
 
     def newest(self, run_id: str) -> RunMetricRow | None:
         query = select(RunMetricRow).where(RunMetricRow.run_id == run_id).order_by(RunMetricRow.seq.desc()).limit(1)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return db.scalars(query).first()
 
     def count(self, run_id: str) -> int:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return db.scalar(select(func.count()).select_from(RunMetricRow)
                              .where(RunMetricRow.run_id == run_id)) or 0
 
     def thin(self, run_id: str) -> int:
         """Drop every other row of each kind among the run's older half (by seq); returns how many went."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             rows = list(db.execute(select(RunMetricRow.seq, RunMetricRow.kind)
                                    .where(RunMetricRow.run_id == run_id).order_by(RunMetricRow.seq)))
             older = rows[: len(rows) // 2]

@@ -5,8 +5,6 @@ outside it, as the owner-checked reads of `store.py` do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -32,23 +30,18 @@ class Overview:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self._sessions.begin() as db:
-            yield db
-
     def runs(self, scope: Scope, limit: int, offset: int) -> tuple[list[TrainingRunRow], int]:
         """Runs in scope, the most recently active first, and their total."""
         query = select(TrainingRunRow)
         if not scope.everyone:
             query = query.where(TrainingRunRow.owner == scope.owner)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
             page = query.order_by(TrainingRunRow.last_request_time.desc(), TrainingRunRow.run_id).limit(limit)
             return list(db.scalars(page.offset(offset))), total
 
     def run(self, scope: Scope, run_id: str) -> TrainingRunRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = db.get(TrainingRunRow, run_id)
             if row is None or not scope.covers(row.owner):
                 raise NotFoundError(f"training run {run_id!r} not found")
@@ -60,7 +53,7 @@ class Overview:
         query = select(CheckpointRow).where(or_(CheckpointRow.expires_at.is_(None), CheckpointRow.expires_at > now))
         if not scope.everyone:
             query = query.where(CheckpointRow.owner == scope.owner)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
             page = query.order_by(CheckpointRow.created_at.desc(), CheckpointRow.run_id, CheckpointRow.checkpoint_id)
             return list(db.scalars(page.limit(limit).offset(offset))), total
@@ -69,14 +62,14 @@ class Overview:
         query = select(SessionRow)
         if not scope.everyone:
             query = query.where(SessionRow.owner == scope.owner)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
             page = query.order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc())
             return list(db.scalars(page.limit(limit).offset(offset))), total
 
     def session(self, scope: Scope, session_id: str) -> tuple[SessionRow, list[str], list[str]]:
         """(session, its run ids, its sampler ids) if in scope."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = db.get(SessionRow, session_id)
             if row is None or not scope.covers(row.owner):
                 raise NotFoundError(f"session {session_id!r} not found")
@@ -92,7 +85,7 @@ class Overview:
         if not session_ids:
             return {}
         counts: dict[str, tuple[int, int]] = {sid: (0, 0) for sid in session_ids}
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             for sid, n in db.execute(select(TrainingRunRow.session_id, func.count())
                                      .where(TrainingRunRow.session_id.in_(session_ids))
                                      .group_by(TrainingRunRow.session_id)):

@@ -7,7 +7,6 @@ cap, the day a record lives, which session may use it) are the core's (`tx/core/
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from datetime import datetime
 
 from sqlalchemy import CursorResult, delete, func, select, update
@@ -22,11 +21,6 @@ class StabilityRecordStore:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self._sessions = sessions
 
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self._sessions.begin() as db:
-            yield db
-
     def add(self, rows: Sequence[StabilityRecordRow], max_session_tokens: int) -> int:
         """Store `rows` (of one session; a sequence id already stored is kept as it is: a resent sample), then
         evict that session's least recently used other records while its tokens exceed `max_session_tokens`.
@@ -35,7 +29,7 @@ class StabilityRecordStore:
             return 0
         session_id = rows[0].session_id
         new_ids = [row.sequence_id for row in rows]
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             known = set(_in_chunks(db, select(StabilityRecordRow.sequence_id), new_ids))
             db.add_all(row for row in rows if row.sequence_id not in known)
             db.flush()
@@ -62,12 +56,12 @@ class StabilityRecordStore:
     def get(self, owner: str, sequence_ids: Iterable[str]) -> list[StabilityRecordRow]:
         """The owner's records among `sequence_ids` (others' and unknown ids are simply not returned)."""
         query = select(StabilityRecordRow).where(StabilityRecordRow.owner == owner)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return list(_in_chunks(db, query, list(sequence_ids)))
 
     def touch(self, owner: str, sequence_ids: Iterable[str], now: datetime) -> None:
         ids = list(sequence_ids)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             for start in range(0, len(ids), _CHUNK):
                 db.execute(update(StabilityRecordRow)
                            .where(StabilityRecordRow.owner == owner,
@@ -75,17 +69,17 @@ class StabilityRecordStore:
                            .values(last_used_at=now))
 
     def tokens_of_session(self, session_id: str) -> int:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return int(db.scalar(select(func.coalesce(func.sum(StabilityRecordRow.num_tokens), 0))
                                  .where(StabilityRecordRow.session_id == session_id)) or 0)
 
     def delete_session(self, session_id: str) -> int:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return _deleted(db.execute(delete(StabilityRecordRow).where(StabilityRecordRow.session_id == session_id)))
 
     def delete_unused_since(self, cutoff: datetime) -> int:
         """Delete the records last used before `cutoff`; returns how many."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return _deleted(db.execute(delete(StabilityRecordRow).where(StabilityRecordRow.last_used_at < cutoff)))
 
 

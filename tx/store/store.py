@@ -7,8 +7,6 @@ cannot even learn that it exists.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timezone
 
 from sqlalchemy import create_engine, delete, func, or_, select, update
@@ -65,8 +63,8 @@ class Store:
         self.metrics = RunMetricsTable(self._sessions)
         self.overview = Overview(self._sessions)
         self.stability = StabilityRecordStore(self._sessions)  # sampled sequences' records (stability.py)
-        self.audit = AuditLog(self._tx)
-        self.copies = WeightCopyRows(self._tx)  # copy_weights' runs (copies.py)
+        self.audit = AuditLog(self._sessions)
+        self.copies = WeightCopyRows(self._sessions)  # copy_weights' runs (copies.py)
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -75,23 +73,18 @@ class Store:
     def close(self) -> None:
         self._engine.dispose()
 
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
-        with self._sessions.begin() as db:
-            yield db
-
     # -- sessions ---------------------------------------------------------------------------
     def create_session(self, row: SessionRow) -> SessionRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             db.add(row)
         return row
 
     def get_session(self, session_id: str, owner: str) -> SessionRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
 
     def heartbeat(self, session_id: str, owner: str) -> None:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
             if row.finished_at is not None:
                 raise SessionFinishedError(f"session {session_id!r} is finished")
@@ -99,7 +92,7 @@ class Store:
 
     def finish_session(self, session_id: str, owner: str, reason: str) -> None:
         """First finish wins; later ones are accepted and change nothing."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
             if row.finished_at is None:
                 row.finished_at = utcnow()
@@ -107,19 +100,19 @@ class Store:
 
     def stale_sessions(self, last_heartbeat_before: datetime) -> list[SessionRow]:
         """Unfinished sessions whose last heartbeat is older than the given time."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             query = select(SessionRow).where(
                 SessionRow.finished_at.is_(None), SessionRow.last_heartbeat < last_heartbeat_before
             )
             return list(db.scalars(query))
 
     def set_session_project(self, session_id: str, owner: str, project_id: str) -> None:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             _owned(db, SessionRow, session_id, owner, f"session {session_id!r}").project_id = project_id
 
     def session_contents(self, session_id: str, owner: str) -> tuple[SessionRow, list[str], list[str]]:
         """(session, its training run ids, its sampler ids), oldest first."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = _owned(db, SessionRow, session_id, owner, f"session {session_id!r}")
             runs = db.scalars(select(TrainingRunRow.run_id).where(TrainingRunRow.session_id == session_id)
                               .order_by(TrainingRunRow.created_at))
@@ -142,7 +135,7 @@ class Store:
             query = query.where(or_(SessionRow.created_at < at,
                                     (SessionRow.created_at == at) & (SessionRow.session_id < session_id)))
         query = query.order_by(SessionRow.created_at.desc(), SessionRow.session_id.desc()).limit(limit)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return list(db.scalars(query))
 
     def checkpoint_totals(self, session_ids: list[str]) -> dict[str, tuple[int, int]]:
@@ -153,21 +146,21 @@ class Store:
             .where(TrainingRunRow.session_id.in_(session_ids), _live(utcnow()))
             .group_by(TrainingRunRow.session_id)
         )
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return {sid: (int(n), int(size)) for sid, n, size in db.execute(query)}
 
     def open_sessions(self, owner: str) -> int:
         """The owner's sessions not finished (its `sessions` quota)."""
         query = select(func.count()).select_from(SessionRow).where(
             SessionRow.owner == owner, SessionRow.finished_at.is_(None))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return int(db.scalar(query) or 0)
 
     def checkpoint_bytes(self, owner: str) -> int:
         """Bytes of the owner's unexpired checkpoints (its `checkpoint_bytes` quota)."""
         query = select(func.coalesce(func.sum(CheckpointRow.size_bytes), 0)).where(
             CheckpointRow.owner == owner, _live(utcnow()))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return int(db.scalar(query) or 0)
 
     def usage_by_owner(self) -> dict[str, tuple[int, int]]:
@@ -176,13 +169,13 @@ class Store:
                     .group_by(SessionRow.owner))
         sizes = (select(CheckpointRow.owner, func.sum(CheckpointRow.size_bytes)).where(_live(utcnow()))
                  .group_by(CheckpointRow.owner))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             counts = {owner: int(n) for owner, n in db.execute(sessions)}
             held = {owner: int(size or 0) for owner, size in db.execute(sizes)}
         return {owner: (counts.get(owner, 0), held.get(owner, 0)) for owner in counts.keys() | held.keys()}
 
     def list_sessions(self, owner: str, limit: int, offset: int) -> list[str]:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             query = (
                 select(SessionRow.session_id)
                 .where(SessionRow.owner == owner)
@@ -194,24 +187,24 @@ class Store:
 
     # -- training runs ----------------------------------------------------------------------
     def create_run(self, row: TrainingRunRow) -> TrainingRunRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             if db.get(TrainingRunRow, row.run_id) is not None:
                 raise ConflictError(f"training run {row.run_id!r} already exists")
             db.add(row)
         return row
 
     def get_run(self, run_id: str, owner: str) -> TrainingRunRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return _owned(db, TrainingRunRow, run_id, owner, f"training run {run_id!r}")
 
     def touch_run(self, run_id: str) -> None:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = db.get(TrainingRunRow, run_id)
             if row is not None:
                 row.last_request_time = utcnow()
 
     def list_runs(self, owner: str, limit: int, offset: int) -> tuple[list[TrainingRunRow], int]:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             where = TrainingRunRow.owner == owner
             total = db.scalar(select(func.count()).select_from(TrainingRunRow).where(where)) or 0
             query = (
@@ -224,13 +217,13 @@ class Store:
             return list(db.scalars(query)), total
 
     def runs_of_session(self, session_id: str) -> list[str]:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             query = select(TrainingRunRow.run_id).where(TrainingRunRow.session_id == session_id)
             return list(db.scalars(query))
 
     # -- checkpoints ------------------------------------------------------------------------
     def add_checkpoint(self, row: CheckpointRow, *, overwrite: bool) -> CheckpointRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             existing = db.get(CheckpointRow, (row.run_id, row.checkpoint_id))
             if existing is not None:
                 if not overwrite:
@@ -242,7 +235,7 @@ class Store:
 
     def get_checkpoint(self, run_id: str, checkpoint_id: str, owner: str, *, public_ok: bool = False) -> CheckpointRow:
         """The caller's unexpired checkpoint; with `public_ok`, also anyone's published one."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = db.get(CheckpointRow, (run_id, checkpoint_id))
             if (row is None or not (row.owner == owner or (public_ok and bool(row.public)))
                     or (row.expires_at is not None and _aware(row.expires_at) <= utcnow())):
@@ -251,7 +244,7 @@ class Store:
 
     def list_checkpoints(self, run_id: str, owner: str) -> list[CheckpointRow]:
         self.get_run(run_id, owner)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             query = (
                 select(CheckpointRow)
                 .where(CheckpointRow.run_id == run_id, _live(utcnow()))
@@ -262,7 +255,7 @@ class Store:
     def list_user_checkpoints(self, owner: str, limit: int, offset: int) -> tuple[list[CheckpointRow], int]:
         """One page of the owner's unexpired checkpoints across runs, newest first, and their total."""
         where = (CheckpointRow.owner == owner, _live(utcnow()))
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             total = db.scalar(select(func.count()).select_from(CheckpointRow).where(*where)) or 0
             query = (
                 select(CheckpointRow).where(*where)
@@ -277,7 +270,7 @@ class Store:
         if unknown:
             raise UserError(f"cannot change {sorted(unknown)} of a checkpoint")
         self.get_checkpoint(run_id, checkpoint_id, owner)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             row = db.get(CheckpointRow, (run_id, checkpoint_id))
             for name, value in values.items():
                 setattr(row, name, value)
@@ -297,12 +290,12 @@ class Store:
             .subquery()
         )
         newest = aliased(CheckpointRow, ranked)
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             rows = db.scalars(select(newest).where(ranked.c.rank == 1))
             return {(row.run_id, row.kind): row for row in rows}
 
     def delete_checkpoint(self, run_id: str, checkpoint_id: str, owner: str) -> None:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             _owned(db, CheckpointRow, (run_id, checkpoint_id), owner, f"checkpoint tinker://{run_id}/{checkpoint_id}")
             db.execute(
                 delete(CheckpointRow).where(
@@ -311,7 +304,7 @@ class Store:
             )
 
     def expired_checkpoints(self, now: datetime) -> list[CheckpointRow]:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             query = select(CheckpointRow).where(
                 CheckpointRow.expires_at.is_not(None), CheckpointRow.expires_at < now
             )
@@ -319,14 +312,14 @@ class Store:
 
     # -- sampling sessions ------------------------------------------------------------------
     def create_sampling_session(self, row: SamplingSessionRow) -> SamplingSessionRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             if db.get(SamplingSessionRow, row.sampling_session_id) is None:
                 db.add(row)
         return row
 
     def join_sampling_session(self, sampling_session_id: str, owner: str) -> int:
         """A new client of the owner's sampling session: its number, unique in the session (the original is 0)."""
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             _owned(db, SamplingSessionRow, sampling_session_id, owner, f"sampler {sampling_session_id!r}")
             db.execute(update(SamplingSessionRow)
                        .where(SamplingSessionRow.sampling_session_id == sampling_session_id)
@@ -335,7 +328,7 @@ class Store:
                                  .where(SamplingSessionRow.sampling_session_id == sampling_session_id)) or 0)
 
     def get_sampling_session(self, sampling_session_id: str, owner: str) -> SamplingSessionRow:
-        with self._tx() as db:
+        with self._sessions.begin() as db:
             return _owned(db, SamplingSessionRow, sampling_session_id, owner, f"sampler {sampling_session_id!r}")
 
 
