@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import tinker
+from sdk_datums import sft_datum
 from tinker import types
 from txserver import API_KEY, TxServer
 
@@ -68,11 +69,6 @@ class Trained:
     def trainer_logprobs(self) -> np.ndarray:
         out = self.tc.forward([sft_datum(self.tokens)], "cross_entropy").result()
         return out.loss_fn_outputs[0]["logprobs"].to_numpy()
-
-
-def sft_datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
 
 
 @pytest.fixture(scope="session")

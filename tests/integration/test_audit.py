@@ -7,7 +7,8 @@ from datetime import date
 
 import pytest
 import tinker
-from conftest import ALICE, BOB, OPERATOR, sft_datum
+from conftest import ALICE, BOB, OPERATOR
+from sdk_datums import sft_datum
 from txserver import TxServer
 
 from tx.api.auth import owner_of

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
-from tinker import types
-
 from browser import Browser, Page, chromium_path
+from sdk_datums import sft_datum
+from tinker import types
 from txserver import API_KEY, TxServer
 
 ALICE, BOB, OPERATOR = API_KEY, "tml-bob-key", "tml-operator-key"
@@ -68,11 +68,6 @@ def sign_in(page: Page, server: TxServer, key: str) -> None:
     page.wait_for("document.body.dataset.ready === 'runs'", what="the runs page after sign-in")
 
 
-def datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-
-
 def chart_points(page: Page, title: str) -> int:
     return int(page.evaluate(f"(document.querySelector('.chart[data-title=\"{title}\"]') || {{dataset: {{}}}}).dataset.points || 0"))
 
@@ -88,7 +83,7 @@ def test_a_run_appears_and_its_loss_curve_gains_points_while_it_trains(
         def train() -> None:
             while not stop.is_set():
                 go.wait()
-                training.forward_backward([datum(tokens)], "cross_entropy").result()
+                training.forward_backward([sft_datum(tokens)], "cross_entropy").result()
                 training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
 
         trainer = threading.Thread(target=train, daemon=True)
@@ -160,7 +155,7 @@ def test_the_playground_samples_with_per_token_logprobs(page: Page, console_serv
 def test_a_tenant_key_never_sees_another_tenants_run(page: Page, console_server: TxServer, shots: Path) -> None:
     with console_server.client(ALICE) as alice:
         training = alice.create_lora_training_client("tiny-qwen3", rank=4).result()
-        training.forward_backward([datum(list(range(10, 30)))], "cross_entropy").result()
+        training.forward_backward([sft_datum(list(range(10, 30)))], "cross_entropy").result()
         run, session = training.model_id, alice.holder._session_id
         sign_in(page, console_server, BOB)
         page.goto(f"{console_server.url}/console#/runs")

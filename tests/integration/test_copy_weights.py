@@ -11,7 +11,8 @@ import httpx
 import numpy as np
 import pytest
 import tinker
-from conftest import Trained, sft_datum
+from conftest import Trained
+from sdk_datums import sft_datum
 from txserver import API_KEY, TxServer
 
 OTHER = "tml-other-tenant"

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tinker
-from conftest import Trained, sft_datum
+from conftest import Trained
+from sdk_datums import sft_datum
 from tinker import types
 from txserver import TxServer
 

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import tinker
 from live_engine import vllm_missing
-from tinker import types
-
 from rl_toy import assert_reward_rose, run_rl_toy
+from sdk_datums import sft_datum
+from tinker import types
 from txserver import TxServer, free_port, stop_group, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -152,11 +152,6 @@ def server_model(server: TxServer) -> str:
 
 def served_requests(server: TxServer) -> dict[str, int]:
     return {url: (e.get("health") or {}).get("stats", {}).get("num_requests", 0) for url, e in engines(server).items()}
-
-
-def sft_datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
 
 
 def assert_matches_trainer(tc: tinker.TrainingClient, sampler: tinker.SamplingClient) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
-from tinker import types
-
 from cookbook import offline_env
+from sdk_datums import sft_datum
+from tinker import types
 from txserver import TxServer
 
 from tx.models import write_tiny_model, write_to_hf_cache
@@ -62,11 +62,6 @@ def client(server: TxServer) -> Iterator[tinker.ServiceClient]:
         yield c
 
 
-def datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-
-
 def logprobs(result) -> list[np.ndarray]:
     return [out["logprobs"].to_numpy() for out in result.loss_fn_outputs]
 
@@ -78,7 +73,7 @@ def base_model(name: str, served) -> str:
 @pytest.mark.parametrize("name", [*HUB_NAMES, *DIRECTORIES])
 def test_family_trains_saves_and_samples(client: tinker.ServiceClient, served, name: str) -> None:
     rng = np.random.default_rng(0)
-    data = [datum(rng.integers(10, VOCAB, size=n).tolist()) for n in (17, 9, 24, 12)]
+    data = [sft_datum(rng.integers(10, VOCAB, size=n).tolist()) for n in (17, 9, 24, 12)]
     tc = client.create_lora_training_client(base_model(name, served), rank=8, seed=0).result()
 
     together = logprobs(tc.forward(data, "cross_entropy").result())
@@ -99,5 +94,5 @@ def test_family_trains_saves_and_samples(client: tinker.ServiceClient, served, n
                          sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0)).result()
     assert len(out.sequences) == 4
     for seq in out.sequences:
-        trainer = logprobs(tc.forward([datum(prompt + list(seq.tokens))], "cross_entropy").result())[0]
+        trainer = logprobs(tc.forward([sft_datum(prompt + list(seq.tokens))], "cross_entropy").result())[0]
         np.testing.assert_allclose(seq.logprobs, trainer[len(prompt) - 1:], atol=1e-3)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import tinker
-from conftest import ALICE, BOB, OPERATOR, TTL_S, sft_datum
+from conftest import ALICE, BOB, OPERATOR, TTL_S
 from prometheus_client.parser import text_string_to_metric_families
+from sdk_datums import sft_datum
 from tinker import types
 from txserver import API_KEY, TxServer
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import pytest
 import tinker
+from sdk_datums import sft_datum
 from tinker import types
-
 from txserver import TxServer
 
 BASE = "tiny-qwen3"
@@ -23,8 +22,7 @@ def prompt_logprobs(client: tinker.SamplingClient, tokens: list[int]) -> np.ndar
 
 
 def trainer_logprobs(tc: tinker.TrainingClient, tokens: list[int]) -> np.ndarray:
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    datum = sft_datum(tokens)
     return tc.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
 
 

@@ -11,6 +11,7 @@ import openai
 import pytest
 import tinker
 from prometheus_client.parser import text_string_to_metric_families
+from sdk_datums import sft_datum
 from tinker import types
 from txserver import API_KEY, TxServer
 
@@ -25,8 +26,7 @@ def trained(server: TxServer) -> Iterator[tuple[str, tinker.SamplingClient, obje
         tc = service.create_lora_training_client(BASE, rank=8, seed=0).result()
         tokenizer = tc.get_tokenizer()
         tokens = tokenizer.encode(PROMPT + " Paris, and the capital of Italy is Rome.")
-        datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                            loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+        datum = sft_datum(tokens)
         for _ in range(5):
             tc.forward_backward([datum], "cross_entropy").result()
             tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import tinker
+from sdk_datums import sft_datum
 from tinker import types
-
 from txserver import API_KEY, TxServer, abandon
 
 OPERATOR_KEY = "operator-key-" + "k" * 16
@@ -55,8 +55,7 @@ def test_sigterm_with_an_engine_up_and_a_step_in_flight_stops_in_seconds(keyed_s
     (engine,) = [e for g in httpx.get(keyed_server.url + ENGINES, headers={"X-API-Key": OPERATOR_KEY})
                  .json()["groups"] for e in g["engines"]]
     tokens = list(range(10, 410))
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    datum = sft_datum(tokens)
     steps = threading.Thread(target=lambda: [tc.forward_backward([datum] * 4, "cross_entropy") for _ in range(20)],
                              daemon=True)
     steps.start()

@@ -13,11 +13,12 @@ import httpx
 import numpy as np
 import pytest
 import tinker
-from tinker import types
-
 from rl_toy import assert_reward_rose, run_rl_toy
-from tx.cpu import split_threads
+from sdk_datums import sft_datum
+from tinker import types
 from txserver import API_KEY, TxServer
+
+from tx.cpu import split_threads
 
 BASE = "tiny-qwen3"
 BOTH_BACKENDS = pytest.mark.parametrize("client", ["torch", "jax"], indirect=True)
@@ -50,13 +51,6 @@ def client(request: pytest.FixtureRequest) -> Iterator[tinker.ServiceClient]:
     server = request.getfixturevalue("jax_server" if backend == "jax" else "sampling_server")
     with server.client() as c:
         yield c
-
-
-def sft_datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
-    )
 
 
 def test_sft_only_run_starts_no_engine(sampling_server: TxServer, client: tinker.ServiceClient) -> None:

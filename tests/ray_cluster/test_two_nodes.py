@@ -25,6 +25,7 @@ if not hasattr(ray, "init"):  # tests/ is on sys.path, so tests/ray can pose as 
     pytest.skip("ray is not installed (pip install 'tx[ray]')", allow_module_level=True)
 from ray.cluster_utils import Cluster
 from rl_toy import assert_reward_rose, run_rl_toy
+from sdk_datums import sft_datum
 from txserver import TxServer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -64,11 +65,6 @@ def client(server: TxServer) -> Iterator[tinker.ServiceClient]:
         yield c
 
 
-def datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-
-
 def nodes_of(cluster: Cluster, actor_class: str) -> set[str]:
     """The labels `tx-node` of the nodes where the cluster ran actors of `actor_class`, dead ones included."""
     label = {node["NodeID"]: node["Labels"].get("tx-node") for node in cluster.global_state.node_table()}
@@ -84,7 +80,7 @@ def assert_placed(cluster: Cluster, engines: bool) -> None:
 def test_training_on_node_a_loss_falls(cluster: Cluster, client: tinker.ServiceClient) -> None:
     tc = client.create_lora_training_client(BASE, rank=8, seed=0).result()
     rng = np.random.default_rng(0)
-    data = [datum(rng.integers(10, 1990, size=33).tolist()) for _ in range(4)]
+    data = [sft_datum(rng.integers(10, 1990, size=33).tolist()) for _ in range(4)]
     losses = []
     for _ in range(12):
         losses.append(tc.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
@@ -98,13 +94,13 @@ def test_engine_on_node_b_samples_the_trainers_logprobs(cluster: Cluster, server
     tc = client.create_lora_training_client(BASE, rank=8, seed=3).result()
     prompt = [11, 12, 13, 14, 15, 16]
     for _ in range(3):  # trained weights: the engine must sample the pushed LoRA, not the base
-        tc.forward_backward([datum(prompt + [7, 8, 9])], "cross_entropy").result()
+        tc.forward_backward([sft_datum(prompt + [7, 8, 9])], "cross_entropy").result()
         tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     sampler = tc.save_weights_and_get_sampling_client().result()
     out = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=2,
                          sampling_params=types.SamplingParams(max_tokens=6, temperature=0.7)).result()
     for seq in out.sequences:
-        trainer = tc.forward([datum(prompt + list(seq.tokens))], "cross_entropy").result()
+        trainer = tc.forward([sft_datum(prompt + list(seq.tokens))], "cross_entropy").result()
         expected = trainer.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1:]
         np.testing.assert_allclose(seq.logprobs, expected, atol=1e-3)
     engine = next(e for g in server.engine_groups() for e in g["engines"])

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
-from tinker import types
-
 from cookbook import offline_env
 from live_engine import vllm_missing
+from sdk_datums import sft_datum
+from tinker import types
 from txserver import TxServer
 
 from tx.models import write_tiny_model, write_to_hf_cache
@@ -51,15 +51,10 @@ def client(hf_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             yield c
 
 
-def datum(tokens: list[int]) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
-
-
 @pytest.mark.parametrize("name", SERVED)
 def test_served_family_samples_on_vllm(client: tinker.ServiceClient, name: str) -> None:
     rng = np.random.default_rng(1)
-    data = [datum(rng.integers(10, VOCAB, size=n).tolist()) for n in (14, 9)]
+    data = [sft_datum(rng.integers(10, VOCAB, size=n).tolist()) for n in (14, 9)]
     unembed = name != "google/gemma-3-1b-it"
     tc = client.create_lora_training_client(name, rank=8, seed=0, train_unembed=unembed).result()
     for _ in range(3):
@@ -71,7 +66,7 @@ def test_served_family_samples_on_vllm(client: tinker.ServiceClient, name: str) 
                          sampling_params=types.SamplingParams(max_tokens=6, temperature=1.0)).result()
     assert len(out.sequences) == 4
     for seq in out.sequences:
-        trainer = tc.forward([datum(prompt + list(seq.tokens))], "cross_entropy").result()
+        trainer = tc.forward([sft_datum(prompt + list(seq.tokens))], "cross_entropy").result()
         np.testing.assert_allclose(seq.logprobs, trainer.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1:],
                                    atol=1e-3)
 
