@@ -1,5 +1,5 @@
 """What the server tells clients, through the SDK: client/config's flags as tx means them, client/dynamic_config
-(abandoned samples are cancelled on the server), join_sampling_session numbering unpickled SamplingClients, and
+(abandoned samples are cancelled on the server, and on its engine), join_sampling_session numbering unpickled SamplingClients, and
 get_server_capabilities."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 import tinker
+from abandon import assert_cancelled, engine_health, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
 from txserver import API_KEY, TxServer
@@ -56,13 +57,12 @@ def test_an_abandoned_sample_is_cancelled_on_the_server(server: TxServer) -> Non
     with server.client() as service:
         assert service.holder._client_dynamic_config.sample_cancel_enabled
         sampler = service.create_sampling_client(base_model="tiny-qwen3").result()
-        before = requests_to(server, "/api/v1/cancel_future")
-        submitted = requests_to(server, "/api/v1/asample")
+        sampler.sample(PROMPT, 1, types.SamplingParams(max_tokens=1)).result()  # the engine is up
+        before, engine = requests_to(server, "/api/v1/cancel_future"), engine_health(server, "tiny-qwen3")
         # long enough to be still running when given up on: a warm engine answers 8 x 200 tokens in under a second
         future = sampler.sample(PROMPT, 8, types.SamplingParams(max_tokens=2000, stop=[]))
-        deadline = time.monotonic() + 30
-        while requests_to(server, "/api/v1/asample") == submitted and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: engine_health(server, "tiny-qwen3")["stats"]["num_generated_tokens"]
+                   > engine["stats"]["num_generated_tokens"], "the engine generates the sample")
         assert future.future().cancel(), "still running"  # the SDK's way to give up on an APIFuture
         deadline = time.monotonic() + 30
         while requests_to(server, "/api/v1/cancel_future") == before and time.monotonic() < deadline:
@@ -70,3 +70,5 @@ def test_an_abandoned_sample_is_cancelled_on_the_server(server: TxServer) -> Non
         assert requests_to(server, "/api/v1/cancel_future") == before + 1
         with pytest.raises(Exception):  # noqa: B017 - cancelled, in whichever form the SDK's future reports it
             future.result(timeout=5)
+        generated = assert_cancelled(server, "tiny-qwen3", engine)  # the engine dropped its rows
+        assert 0 < generated < 8 * 2000

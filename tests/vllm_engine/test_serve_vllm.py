@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import tinker
+from abandon import assert_cancelled, engine_health, post_and_hang_up
 from live_engine import vllm_missing
 from rl_toy import assert_reward_rose, run_rl_toy
 from sampling_options import assert_options_match_the_trainer
@@ -101,6 +102,18 @@ def test_killed_vllm_engine_is_restarted_and_the_next_sample_succeeds(server: Tx
     assert second.sequences[0].tokens == first.sequences[0].tokens
     (restarted,) = engine_group(server)["engines"]
     assert restarted["alive"] and restarted["pid"] != engine["pid"]
+
+
+def test_a_request_whose_client_disconnects_is_aborted_on_vllm(server: TxServer,
+                                                               client: tinker.ServiceClient) -> None:
+    """The OpenAI route's client hangs up while vLLM generates 2,000 tokens: tx's engine cancels its call, so
+    vLLM aborts the request (its /v1/completions aborts on a disconnect) and nothing is answered or counted."""
+    sampler = client.create_sampling_client(base_model=BASE)  # the engine is up
+    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1)).result()
+    before = engine_health(server, BASE)
+    body = {"model": BASE, "prompt": "The capital of France is", "max_tokens": 2000, "temperature": 0.0}
+    post_and_hang_up(server, "/oai/api/v1/completions", body, until=lambda: engine_health(server, BASE)["num_running"])
+    assert assert_cancelled(server, BASE, before) == 0, "the abandoned request was answered"
 
 
 def test_rl_toy_task_with_vllm(client: tinker.ServiceClient) -> None:

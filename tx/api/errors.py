@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from tx.disconnect import answer_disconnects
 from tx.store.store import SessionFinishedError
 from tx.types import ConflictError, NotFoundError, OverloadedError, QuotaExceededError, UserError
 
@@ -77,6 +78,7 @@ def install_error_handlers(app: FastAPI, on_invalid: InvalidHook | None = None) 
         return JSONResponse(_body(request, safe_text(str(exc)), status), status_code=status, headers=headers)
 
     app.add_exception_handler(QuotaExceededError, quota)
+    answer_disconnects(app)
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -3,7 +3,8 @@
 The model is a served base model or a `tinker://.../sampler_weights/...` path; the same API keys as the
 Tinker routes (as `Authorization: Bearer`), the same engines (`tx.core.sampling.text`). Streaming sends each
 choice's text as the engine generates its tokens (`tx.core.sampling.text_stream`: nothing past a stop string is
-ever sent); the response starts with the first token, so a request the engine refuses is still a 4xx.
+ever sent); the response starts with the first token, so a request the engine refuses is still a 4xx. A client
+that goes away (streaming or not) cancels its sample: the engine aborts it (`tx/disconnect.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from tx.api.deps import Caller, Ctx
@@ -24,6 +25,7 @@ from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.schemas.oai import ChatCompletionRequest, CompletionRequest
 from tx.core.sampling.text import TextChoice, TextJob, TextResult, TextSampling
 from tx.core.sampling.text_stream import TextStream
+from tx.disconnect import until_disconnected
 from tx.types import SamplingParams
 
 router = APIRouter(tags=["openai"], responses=COMMON_ERRORS | error_responses(404, 429))
@@ -37,14 +39,14 @@ async def models(ctx: Ctx, _: Caller) -> dict:
 
 
 @router.post("/completions", response_model=None)
-async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> dict | StreamingResponse:
+async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller, http: Request) -> dict | StreamingResponse:
     body.refuse_unsupported()
     job = await ctx.text.prepare_completion(caller.owner, body.model, body.prompt, _params(body, body.max_tokens),
                                             body.n, body.top_logprobs())
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
     if body.stream:
-        return await _stream(ctx.text, job, {**head, "object": "text_completion"}, chat=False)
-    result = await ctx.text.run(job)
+        return await _stream(ctx.text, job, {**head, "object": "text_completion"}, http, chat=False)
+    result = await until_disconnected(http, ctx.text.run(job))
     choices = [
         {"index": i, "text": c.text, "finish_reason": c.finish_reason,
          "logprobs": _completion_logprobs(c) if body.logprobs is not None else None}
@@ -54,7 +56,8 @@ async def completions(body: CompletionRequest, ctx: Ctx, caller: Caller) -> dict
 
 
 @router.post("/chat/completions", response_model=None)
-async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller) -> dict | StreamingResponse:
+async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller,
+                           http: Request) -> dict | StreamingResponse:
     body.refuse_unsupported()
     messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in body.messages]
     params = _params(body, body.max_new_tokens(CHAT_DEFAULT_MAX_TOKENS))
@@ -62,8 +65,8 @@ async def chat_completions(body: ChatCompletionRequest, ctx: Ctx, caller: Caller
                                       body.alternatives() if body.logprobs else 0)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": body.model}
     if body.stream:
-        return await _stream(ctx.text, job, {**head, "object": "chat.completion.chunk"}, chat=True)
-    result = await ctx.text.run(job)
+        return await _stream(ctx.text, job, {**head, "object": "chat.completion.chunk"}, http, chat=True)
+    result = await until_disconnected(http, ctx.text.run(job))
     choices = [
         {"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
          "logprobs": _chat_logprobs(c) if body.logprobs else None}
@@ -109,13 +112,17 @@ def _kept(choice: TextChoice) -> int:
     return len(choice.pieces)
 
 
-async def _stream(text: TextSampling, job: TextJob, head: dict, chat: bool) -> StreamingResponse:
+async def _stream(text: TextSampling, job: TextJob, head: dict, http: Request, chat: bool) -> StreamingResponse:
     """Sample `job`, streaming each choice's text as server-sent events; waits for the first token (or the
     sample's error, answered by the error policy as any other) before the response starts."""
     queue: asyncio.Queue[tuple[int, list[int]] | None] = asyncio.Queue()
     task = asyncio.create_task(text.run(job, on_tokens=lambda i, tokens, _: queue.put_nowait((i, tokens))))
     task.add_done_callback(lambda _: queue.put_nowait(None))
-    first = await queue.get()
+    try:
+        first = await until_disconnected(http, queue.get())
+    except BaseException:  # the client went away before the first token (or this handler was cancelled)
+        task.cancel()
+        raise
     if first is None:
         task.result()  # raises the sample's error, if any, before anything is sent
     events = _events(text, job, head, chat, queue, task, first)

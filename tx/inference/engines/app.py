@@ -4,7 +4,8 @@ over an `EngineBackend` (the embedded engine's `EmbeddedEngine`, tx's vLLM serve
 Every route except `GET /health` needs the cluster secret; errors follow `engines/http.py`. A backend's
 operation is either a coroutine (awaited on the event loop: vLLM's, which wait on HTTP) or a plain method that
 may block (pause, sleep, a weight transfer: the embedded engine's), which runs in the thread pool, as FastAPI
-runs a plain `def` route.
+runs a plain `def` route. A generate request whose client disconnects is cancelled (`tx/disconnect.py`): the
+backend aborts it (the embedded engine's rows leave the batch, vLLM's request is aborted).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from tx.disconnect import until_disconnected
 from tx.inference import protocol as p
 from tx.inference.engines.config import EngineProcessConfig
 from tx.inference.engines.http import add_error_handlers, secret_guard
@@ -75,8 +77,8 @@ def engine_app(backend: EngineBackend, title: str = "tx engine") -> FastAPI:
         return await answer(backend.health)
 
     @app.post(p.ROUTE_GENERATE, dependencies=guarded, response_model=p.GenerateResponse)
-    async def generate(request: p.GenerateRequest) -> Response:
-        result: p.GenerateResponse = await answer(backend.generate, request)
+    async def generate(request: p.GenerateRequest, http: Request) -> Response:
+        result: p.GenerateResponse = await until_disconnected(http, answer(backend.generate, request))
         return Response(result.model_dump_json(), media_type="application/json")  # built by us: no re-check
 
     @app.post(p.ROUTE_GENERATE_STREAM, dependencies=guarded)

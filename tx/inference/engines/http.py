@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from tx.disconnect import answer_disconnects
 from tx.inference.protocol import SECRET_HEADER
 from tx.types import ConflictError, NotFoundError, UserError
 
@@ -58,3 +59,4 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
 
     app.add_exception_handler(Exception, internal)
+    answer_disconnects(app)

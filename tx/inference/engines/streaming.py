@@ -9,6 +9,8 @@ Design / who owns what:
   larger lines instead of falling behind.
 - `ndjson` writes the events as the route's body; an error after the first line is an event too (the status
   line is sent already).
+- A reader that goes away closes `events` (Starlette cancels the body on a disconnect): the request's future is
+  cancelled, which the scheduler takes as "abort this request" (`embedded/scheduler.py`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,17 @@ class TokenStream:
 
     async def events(self) -> AsyncIterator[GenerateEvent]:
         assert self._future is not None, "finish_with was not called"
+        try:
+            async for event in self._deltas():
+                yield event
+        finally:
+            self._future.cancel()  # a no-op once answered; else the reader went away: abort the request
+        try:
+            yield GenerateEvent(result=self._future.result())
+        except Exception as exc:  # noqa: BLE001 - the error policy's status, as an event
+            yield GenerateEvent(error_status=status_of(exc), error_detail=str(exc))
+
+    async def _deltas(self) -> AsyncIterator[GenerateEvent]:
         ended = False
         while not ended:
             items = [await self._queue.get()]
@@ -57,10 +70,6 @@ class TokenStream:
                     delta.logprobs.append(logprob)
             if deltas:
                 yield GenerateEvent(deltas=list(deltas.values()))
-        try:
-            yield GenerateEvent(result=self._future.result())
-        except Exception as exc:  # noqa: BLE001 - the error policy's status, as an event
-            yield GenerateEvent(error_status=status_of(exc), error_detail=str(exc))
 
 
 async def whole(response: GenerateResponse) -> AsyncIterator[GenerateEvent]:

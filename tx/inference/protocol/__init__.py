@@ -24,7 +24,7 @@ SECRET_HEADER = "X-TX-Cluster-Secret"
 CONTRACT_VERSION = 4
 
 ROUTE_HEALTH = "/health"  # GET, no secret
-ROUTE_GENERATE = "/generate"  # POST GenerateRequest -> GenerateResponse
+ROUTE_GENERATE = "/generate"  # POST GenerateRequest -> GenerateResponse; a closed connection aborts it
 ROUTE_GENERATE_STREAM = "/generate/stream"  # POST GenerateRequest -> NDJSON lines (protocol/stream.py)
 ROUTE_TOKENIZE = "/tokenize"  # POST TokenizeRequest -> TokenizeResponse
 ROUTE_PAUSE = "/pause"  # POST PauseRequest -> StateResponse
@@ -228,6 +228,7 @@ class EngineStats(_Wire):
     max_rows_per_step: int = 0
     num_joins: int = Field(default=0, description="requests that joined a batch already decoding")
     max_adapters_per_step: int = Field(default=0, description="most adapters (the base counts) in one forward")
+    num_cancelled: int = Field(default=0, description="requests whose caller went away before they ended (aborted)")
 
 
 class StateResponse(_Wire):

@@ -167,6 +167,17 @@ class RunningBatch:
                 row.stop_reason = "abort"
         self.drop_finished()
 
+    def drop_cancelled(self) -> int:
+        """Rows whose caller went away (their job's future was cancelled) leave now; how many jobs left."""
+        gone = {id(job) for job in self.owners if job.future.cancelled()}
+        if not gone:
+            return 0
+        for row, job in zip(self.rows, self.owners):
+            if id(job) in gone:
+                row.stop_reason = "abort"
+        self.drop_finished()
+        return len(gone)
+
     def fail(self, exc: BaseException) -> None:
         """A forward failed (a bug or a broken model): fail every job of the batch and start empty."""
         for job in self.jobs:

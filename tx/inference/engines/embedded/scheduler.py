@@ -13,6 +13,9 @@ Design / who owns what:
   set nothing is admitted; `abort` ends the running rows at the next step boundary (stop reason "abort",
   partial tokens kept); `wait` lets them finish; `keep` freezes them between two steps until the reason is
   removed. A row whose adapter was unloaded meanwhile ends with "abort" too.
+- A caller that goes away cancels its job's future (`Future.cancel`, from any thread; the engine app does it when
+  the HTTP client disconnects): a pending job is never admitted, a running job's rows leave the batch before the
+  next step (stats: `num_cancelled`).
 - The model is only touched under `weights.lock`, one forward at a time, so weight updates land between steps.
 """
 
@@ -121,6 +124,7 @@ class Scheduler:
             try:
                 if not batch.rows:
                     self._gather()
+                self.stats.num_cancelled += batch.drop_cancelled()
                 jobs = self._take_jobs()
                 if jobs:
                     batch.admit(jobs)
@@ -194,6 +198,9 @@ class Scheduler:
             taken: list[Job] = []
             rest: deque[Job] = deque()
             for job in self._pending:
+                if job.future.cancelled():
+                    self.stats.num_cancelled += 1
+                    continue
                 fits = job.request.n <= free or not (taken or batch.rows)  # one request may exceed the size
                 if fits and (mixable or job.request.adapter == adapter) and batch.accepts(job):
                     taken.append(job)

@@ -118,6 +118,9 @@ class VllmEngine:
             answers = await self._batch.complete(bodies, complete, first_alone=isolate)
             async with self._batch.shared():
                 scores = await self.scores.answer(request, model, self._complete)
+        except asyncio.CancelledError:  # tx's caller went away: the closed call makes vLLM abort the request
+            self.stats.num_cancelled += 1
+            raise
         finally:
             self.num_running -= 1
         response = generate_response(request, answers).model_copy(update=scores)
@@ -194,9 +197,7 @@ class VllmEngine:
             if waking and self.child.sleep_mode:
                 await self.child.call("POST", "/wake_up", params=[("tags", t) for t in sorted(waking)])
             if "weights" in waking and self.sleeping_level == 2:
-                await self.child.rpc(
-                    "tx_reload_base", str(self.config.model_dir), timeout=self.config.rpc_timeout_s
-                )
+                await self.child.rpc("tx_reload_base", str(self.config.model_dir), timeout=self.config.rpc_timeout_s)
                 await self._reset_prefix_cache()
             self.asleep -= wanted
             if not self.asleep:
