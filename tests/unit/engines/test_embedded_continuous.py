@@ -132,3 +132,21 @@ def test_the_stream_route_sends_tokens_as_they_are_generated(engine, reference_m
     assert GenerateResponse.model_validate(result).sequences == generated.sequences, "the same answer as /generate"
     bad = engine.http.post("/generate/stream", json={"prompt_token_ids": [10**6]})
     assert bad.status_code == 400 and "vocabulary" in bad.json()["detail"]
+
+
+def test_a_closed_stream_aborts_its_request(engine):
+    """The contract's one way to cancel: a caller that closes the stream route stops its request; its rows leave
+    the batch (num_cancelled counts it), far before its 2,000 tokens."""
+    before = _stats(engine)
+    body = dict(prompt_token_ids=PROMPTS[0], max_tokens=2000, temperature=0.0, stop_at_eos=False)
+    with engine.http.stream("POST", "/generate/stream", json=body) as response:
+        assert response.status_code == 200
+        next(line for line in response.iter_lines() if line)  # the first tokens: the caller goes away
+    deadline = time.monotonic() + 60
+    while _stats(engine)["num_cancelled"] == before["num_cancelled"]:
+        assert time.monotonic() < deadline, "the engine did not cancel the closed stream's request"
+        time.sleep(0.01)
+    health = engine.health()
+    assert health["num_running"] == 0 and health["num_waiting"] == 0
+    assert health["stats"]["num_cancelled"] == before["num_cancelled"] + 1
+    assert health["stats"]["num_generated_tokens"] - before["num_generated_tokens"] < 2000

@@ -15,7 +15,7 @@ Design / who owns what:
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +35,17 @@ from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse
 
 Listener = Callable[[int, int, float], None]  # (sample index, token, raw logprob), on the scheduler thread
+
+
+def settle(future: Future, outcome: GenerateResponse | BaseException) -> None:
+    """Answer `future` unless it is done: its caller may cancel it from another thread at any moment."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:  # cancelled (or answered) meanwhile
+        pass
 
 
 @dataclass(eq=False)
@@ -57,7 +68,7 @@ class Job:
         if not all(row.done for row in self.rows):
             return False
         prompt, alternatives = self.prompt, self.alternatives
-        self.future.set_result(GenerateResponse(
+        settle(self.future, GenerateResponse(
             sequences=[row.sequence() for row in self.rows],
             prompt_logprobs=prompt.values if prompt and self.request.prompt_logprobs else None,
             topk_prompt_logprobs=prompt.topk if prompt else None,
@@ -181,8 +192,7 @@ class RunningBatch:
     def fail(self, exc: BaseException) -> None:
         """A forward failed (a bug or a broken model): fail every job of the batch and start empty."""
         for job in self.jobs:
-            if not job.future.done():
-                job.future.set_exception(exc)
+            settle(job.future, exc)
         self.decode, self.rows, self.owners, self.jobs = None, [], [], []
 
     def _record_shape(self) -> None:
