@@ -5,7 +5,7 @@ thread runs the scheduler, and writes its URL to the config's `ready_file` once 
 cleanly. Exits when its parent process goes away (unless `exit_with_parent` is false).
 
 In standby (`STANDBY_ENV` set, `tx/inference/launch/standby.py` starts it): it imports what serving needs (torch,
-transformers, PEFT, the served models' classes), then waits for its config as one JSON line on stdin, and only
+transformers, PEFT, the served models' classes, tokenizers: `prebuilt.py`), then waits for its config as one JSON line on stdin, and only
 then loads a model; stdin closed without a line (tx serve stopped, or never needed an engine) ends it.
 """
 
@@ -17,11 +17,13 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 from tx.inference.engines.app import engine_app
 from tx.inference.engines.config import STANDBY_ENV, STANDBY_MODELS_ENV
 from tx.inference.engines.embedded.config import EmbeddedEngineConfig
 from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.inference.engines.embedded.prebuilt import prebuild
 from tx.inference.engines.kinds import EMBEDDED
 from tx.inference.engines.serving import ReadyServer, bind
 from tx.logging import init_logging
@@ -68,7 +70,8 @@ def standby() -> EmbeddedEngineConfig | None:
     import transformers
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
-    for model_dir in filter(None, os.environ.get(STANDBY_MODELS_ENV, "").split(os.pathsep)):
+    model_dirs = [Path(d) for d in os.environ.get(STANDBY_MODELS_ENV, "").split(os.pathsep) if d]
+    for model_dir in model_dirs:
         try:  # the served models' classes, and the loader's tables (~700 regexes, built at the first load)
             config = transformers.AutoConfig.from_pretrained(model_dir)
             for name in config.architectures or ():
@@ -76,6 +79,7 @@ def standby() -> EmbeddedEngineConfig | None:
             get_checkpoint_conversion_mapping(config.model_type)
         except Exception:  # noqa: BLE001 - a warm-up only: the real load reports any problem
             logger.debug("standby: nothing warmed up for %s", model_dir, exc_info=True)
+    prebuild(model_dirs)  # their tokenizers, the HTTP server's classes: taken by the engine (prebuilt.py)
     line = sys.stdin.readline()
     return EmbeddedEngineConfig.model_validate_json(line) if line.strip() else None
 

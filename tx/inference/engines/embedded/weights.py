@@ -29,6 +29,7 @@ from tx.config.names import AttnImplementation
 from tx.devices import resolve_device
 from tx.inference.engines.embedded.attention import engine_attention
 from tx.inference.engines.embedded.mixing import BASE, AdapterMixer
+from tx.inference.engines.embedded.prebuilt import take_tokenizer
 from tx.inference.engines.embedded.stash import release_memory, restore_parameters, stash_parameters
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.models.auto import load_frozen
@@ -37,7 +38,7 @@ from tx.types import ConflictError, NotFoundError, UserError
 
 if TYPE_CHECKING:
     from peft import LoraModel, PeftModel
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel
 
     ServedModel = PreTrainedModel | PeftModel  # the base alone, or PEFT's wrapper once an adapter arrived
 
@@ -45,15 +46,6 @@ logger = logging.getLogger(__name__)
 
 _UNSET = object()
 ALL_TAGS: tuple[WakeTag, ...] = ("weights", "kv_cache")
-
-
-def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase | None:
-    """The model dir's tokenizer, or None when it has none."""
-    if not any((model_dir / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def _eos_ids(model: PreTrainedModel) -> tuple[int, ...]:
@@ -87,7 +79,7 @@ class Weights:
         base = self._load()
         self.model: ServedModel | None = base  # None after a level 2 sleep
         logger.info("model %s loaded on %s (%s)", self.model_dir, self.device, self.dtype)
-        self.tokenizer = load_tokenizer(self.model_dir)
+        self.tokenizer = take_tokenizer(self.model_dir)
         config = base.config.get_text_config()  # a vision-language model's language part
         self.vocab_size: int = config.vocab_size
         self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
