@@ -145,3 +145,23 @@ def test_a_killed_engine_is_restarted_once_under_many_samplers(live: LiveManager
     assert [len(r.sequences[0].tokens) for r in results] == [200] * 16
     assert launcher.starts == starts + 1, f"{launcher.starts - starts} engines started after one kill"
     assert live.sample("after-kill").sequences[0].tokens
+
+
+def test_a_prestart_starts_the_engines_once_and_the_sample_uses_them(tmp_path: Path, model_dir: Path) -> None:
+    """A sampler save of a run about to sample starts its engines at submission (`EngineManager.prestart`, not
+    waiting): they come up without a sample, a second prestart starts nothing more, and the sample uses them."""
+    launcher = CountingLauncher(tmp_path / "engines", "manager-test-secret-" + "x" * 16, device="cpu",
+                                max_adapters=1)
+    live = LiveManager(EngineManager({MODEL: model_dir}, EngineSettings(count=1, max_adapters=1), launcher), MODEL)
+    try:
+        assert live.state() == "absent"
+        live.manager.prestart(MODEL)
+        live.manager.prestart(MODEL)
+        deadline = time.monotonic() + 300
+        while live.state() != "awake" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert live.state() == "awake" and launcher.starts == 1
+        assert live.sample("after-prestart").sequences
+        assert launcher.starts == 1
+    finally:
+        live.close()

@@ -34,6 +34,8 @@ class SamplerEngines(Protocol):
                      weights: Iterable[tuple[str, Any]], *, start: bool, sampler_id: str | None = None,
                      inflight: bool = False) -> None: ...
 
+    def prestart(self, base_model: str) -> None: ...
+
     def pin(self, sampler_id: str, directory: Path, label: str) -> None: ...
 
     def revoke(self, directory: Path, reason: str) -> None: ...
@@ -73,7 +75,10 @@ class CheckpointWriter:
                             "a save to a path is a snapshot")
         if name is None:
             run = lambda: self._save_ephemeral_sampler(owner, model_id, sampling_session_seq_id, inflight)  # noqa: E731
-            return self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsForSampler", run)
+            future = self.sequencer.submit(owner, model_id, seq_id, "SaveWeightsForSampler", run)
+            if self._engines is not None:  # the run is about to sample: its engines start while the save waits
+                self._engines.prestart(self.store.get_run(model_id, owner).base_model)  # and is written
+            return future
         path = _new_path(model_id, "sampler_weights", name, ttl_s)
 
         def save() -> SamplerSaved:

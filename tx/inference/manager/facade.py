@@ -17,7 +17,7 @@ a request that met a dead engine is retried once on the restarted one, then fail
 request that met an external engine that stopped answering is retried on another engine of the group (that one
 is marked down and probed, `external_watch.py`), and fails with a server error when none is left.
 Runs on the server's event loop; `training_pass` and `save_sampler` are the entry points for the training
-thread, `pin` for request threads.
+thread, `pin` and `prestart` for request threads.
 """
 
 from __future__ import annotations
@@ -173,6 +173,21 @@ class EngineManager:
             self._call(self.publish(base_model, version, start=start))
         except EngineRequestError as exc:  # an engine refused the adapter (one vLLM cannot serve): say why
             raise engine_error(exc) from exc
+
+    def prestart(self, base_model: str) -> None:
+        """From any thread, when a sampler save of a run about to sample is submitted: start the group's engines
+        now, without waiting, so they start while the save waits its turn and is written (its publish waits for
+        them). Nothing when they run or are starting; a failure is logged, and the publish tries again."""
+        group = self.groups.get(base_model)
+        if group is not None and group.state is GroupState.ABSENT and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._prestart(group), self._loop)
+
+    async def _prestart(self, group: EngineGroup) -> None:
+        try:
+            async with self.lifecycle.use(group):
+                pass
+        except Exception:  # noqa: BLE001 - the save's publish starts them again and reports why they failed
+            logger.warning("engines of %s did not start ahead of a save", group.base_model, exc_info=True)
 
     def revoke(self, directory: Path, reason: str) -> None:
         """The checkpoint at `directory` was deleted: its weight versions go, and their clients fail with `reason`."""
