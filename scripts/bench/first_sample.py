@@ -11,7 +11,12 @@ import and setup time, during which the standby engine imports):
 Also measured in this process: how long importing the embedded engine takes (`python -m` of it, to the point
 where it waits for a config), which the standby takes off the first save.
 
-    python scripts/bench/first_sample.py [--rounds 2] [--idle-s 5]
+- `standby_baseline` (with `--baseline-tree DIR`): `standby` served from another checkout (DIR on PYTHONPATH),
+  main's for a before/after in one run.
+
+    python scripts/bench/first_sample.py [--rounds 2] [--idle-s 5] [--baseline-tree /work/main] [--no-cold]
+
+(With --baseline-tree, run it from a directory that is no checkout: `python -m` puts the current one first.)
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from txserver import API_KEY, TxServer  # noqa: E402
 from tx.models import write_tiny_text_model  # noqa: E402
 
 
-def one_server(model_dir: Path, data_dir: Path, args: list[str], idle_s: float) -> dict[str, float]:
-    server = TxServer(data_dir, args=["--base-model", str(model_dir), "--no-engine-colocate", *args]).start()
+def one_server(model_dir: Path, data_dir: Path, args: list[str], idle_s: float,
+               tree: str | None = None) -> dict[str, float]:
+    env = {"PYTHONPATH": tree} if tree else {}  # another checkout's tx serve (and engines), e.g. main's
+    server = TxServer(data_dir, args=["--base-model", str(model_dir), "--no-engine-colocate", *args], env=env)
+    server.start()
     try:
         started = time.perf_counter()
         client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
@@ -81,19 +89,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--idle-s", type=float, default=5.0, help="from server up to the first save, at least")
+    parser.add_argument("--baseline-tree", help="also `standby` served from this checkout (before/after in one run)")
+    parser.add_argument("--no-cold", action="store_true", help="leave out the `cold` setup")
     args = parser.parse_args()
-    setups = {"standby": [], "cold": ["--no-engine-standby"]}
+    setups: dict[str, tuple[list[str], str | None]] = {"standby": ([], None)}
+    if args.baseline_tree:
+        setups["standby_baseline"] = ([], args.baseline_tree)
+    if not args.no_cold:
+        setups["cold"] = (["--no-engine-standby"], None)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in setups}
     with tempfile.TemporaryDirectory(prefix="tx-bench-first-") as tmp:
         model_dir = write_tiny_text_model(Path(tmp) / "model", preset="tiny")
         for r in range(args.rounds):
-            for name, extra in setups.items():  # alternating, so load drifts hit both alike
-                runs[name].append(one_server(model_dir, Path(tmp) / f"{name}-{r}", extra, args.idle_s))
+            for name, (extra, tree) in setups.items():  # alternating, so load drifts hit both alike
+                runs[name].append(one_server(model_dir, Path(tmp) / f"{name}-{r}", extra, args.idle_s, tree))
     report: dict = {"model": "tiny Qwen3 (hidden 64, 2 layers, vocab 2048)", "rounds": args.rounds,
                     "engine_import_s": round(engine_import_s(), 2)}
     for name, results in runs.items():
         report[name] = {key: statistics.median(r[key] for r in results) for key in results[0]}
-        report[name]["first_total_s_each"] = [r["first_total_s"] for r in results]
+        report[name]["first_save_and_client_s_each"] = [r["first_save_and_client_s"] for r in results]
     report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(report, indent=2))
 
