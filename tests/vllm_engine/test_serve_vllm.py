@@ -116,6 +116,32 @@ def test_a_request_whose_client_disconnects_is_aborted_on_vllm(server: TxServer,
     assert assert_cancelled(server, BASE, before) == 0, "the abandoned request was answered"
 
 
+def test_an_openai_stream_sends_text_while_vllm_generates(server: TxServer, client: tinker.ServiceClient) -> None:
+    """vLLM streams token by token: the first text arrives while the engine still runs the request, and the
+    streamed text is the whole answer's."""
+    import json
+
+    import httpx
+    from txserver import API_KEY
+
+    sampler = client.create_sampling_client(base_model=BASE)  # the engine is up
+    sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1)).result()
+    body = {"model": BASE, "prompt": "The capital of France is", "max_tokens": 400, "temperature": 0.0}
+    url, auth = f"{server.url}/oai/api/v1/completions", {"Authorization": f"Bearer {API_KEY}"}
+    whole = httpx.post(url, json=body, headers=auth, timeout=300).json()["choices"][0]
+    assert whole["finish_reason"] == "length"
+    pieces, running_at_first = [], None
+    with httpx.stream("POST", url, json={**body, "stream": True}, headers=auth, timeout=300) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                text = json.loads(line[6:])["choices"][0]["text"]
+                if text and running_at_first is None:
+                    running_at_first = engine_health(server, BASE)["num_running"]
+                pieces.append(text)
+    assert running_at_first == 1, "the first text arrived while vLLM still generated"
+    assert "".join(pieces) == whole["text"]
+
+
 def test_rl_toy_task_with_vllm(client: tinker.ServiceClient) -> None:
     """With the cookbook's default loss: every sample recorded on the way through vLLM."""
     assert_reward_rose(run_rl_toy(client, BASE, loss_fn="stable_reinforce"))

@@ -9,7 +9,10 @@ text would have stopped the sample before the abort.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,6 +20,22 @@ if TYPE_CHECKING:
 
 Decode = Callable[[list[int]], str]
 EXTRA_TAIL_TOKENS = 4  # beyond one token per character of the longest stop string
+
+
+class LazyDecode:
+    """The model's tokenizer's decode as stop-string matching decodes, loaded on first use (off the loop)."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self._decode: Decode | None = None
+
+    async def get(self) -> Decode:
+        if self._decode is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_dir))
+            self._decode = functools.partial(tokenizer.decode, skip_special_tokens=False)
+        return self._decode
 
 
 def resumed_tail(prompt_token_ids: Sequence[int], resumed_tokens: int, stop_strings: Sequence[str]) -> list[int]:

@@ -16,7 +16,7 @@ Design / who owns what:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
 from tx.inference.engines.http import status_of
@@ -24,6 +24,7 @@ from tx.inference.protocol import GenerateResponse
 from tx.inference.protocol.stream import GenerateEvent, TokenDelta
 
 _END = None
+Listener = Callable[[int, int, float], None]  # (sample index, token, raw logprob): `TokenStream.listener`
 
 
 class TokenStream:
@@ -32,12 +33,12 @@ class TokenStream:
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, int, float] | None] = asyncio.Queue()
-        self._future: Future | None = None
+        self._future: Future | asyncio.Future | None = None
 
     def listener(self, index: int, token: int, logprob: float) -> None:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, (index, token, logprob))
 
-    def finish_with(self, future: Future) -> None:
+    def finish_with(self, future: Future | asyncio.Future) -> None:
         """End the stream with `future`'s answer once it is done (after every token it heard)."""
         self._future = future
         future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, _END))

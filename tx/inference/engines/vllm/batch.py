@@ -1,5 +1,5 @@
 """`BatchGate`: requests share vLLM's batch, or one runs alone in it (see `translate.py`: LoRA + prompt
-logprobs); waiting exclusive requests go first."""
+logprobs); waiting exclusive requests go first. `record_answer`: the stats of vLLM's answers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse
 
 
 class BatchGate:
@@ -57,3 +59,12 @@ class BatchGate:
         async with self.shared():
             answers += await asyncio.gather(*(complete(body) for body in bodies))
         return answers
+
+
+def record_answer(stats: EngineStats, request: GenerateRequest, response: GenerateResponse) -> None:
+    """Count an answered request (vLLM batches it with others; one request is what tx sees)."""
+    stats.num_requests += 1
+    stats.num_batches += 1
+    stats.num_generated_tokens += sum(len(s.token_ids) for s in response.sequences)
+    stats.max_requests_per_batch = max(stats.max_requests_per_batch, 1)
+    stats.max_rows_per_step = max(stats.max_rows_per_step, request.n)

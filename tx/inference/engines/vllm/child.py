@@ -9,6 +9,7 @@ same flags and environment (`tx engine serve --kind vllm --print-vllm-command` p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +156,15 @@ class VllmChild:
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.text  # e.g. /v1/load_lora_adapter answers plain text
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, json_body: Any) -> AsyncIterator[AsyncIterator[str]]:
+        """POST `json_body`; the answer's lines as they arrive (an error status raises `VllmError`)."""
+        async with self.http.stream("POST", path, json=json_body) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise VllmError(response.status_code, error_detail(response))
+            yield response.aiter_lines()
 
     async def rpc(self, method: str, *args: str, timeout: float) -> dict:
         """Call `method` on every worker (JSON strings in, dicts out); the first worker's answer, or the

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from tx.inference import protocol as p
-from tx.inference.engines.stops import cut_at_resumed_stop
+from tx.inference.engines.stops import LazyDecode, cut_at_resumed_stop
+from tx.inference.engines.streaming import Listener, TokenStream, whole
 from tx.inference.engines.vllm.adapters import LoadedAdapters
-from tx.inference.engines.vllm.batch import BatchGate
+from tx.inference.engines.vllm.batch import BatchGate, record_answer
 from tx.inference.engines.vllm.child import VllmChild, VllmError, private_dirs, sleep_mode_on
 from tx.inference.engines.vllm.config import VllmEngineConfig
 from tx.inference.engines.vllm.images import (
@@ -42,6 +42,7 @@ from tx.inference.engines.vllm.images import (
 )
 from tx.inference.engines.vllm.placement import placement
 from tx.inference.engines.vllm.scores import PromptScores
+from tx.inference.engines.vllm.streaming import first_samples, stream_completion, streams
 from tx.inference.engines.vllm.translate import (
     completion_bodies,
     generate_response,
@@ -49,6 +50,7 @@ from tx.inference.engines.vllm.translate import (
     tokens_body,
     wants_prompt_logprobs,
 )
+from tx.inference.protocol.stream import GenerateEvent
 from tx.inference.weight_sync import TransferInit
 from tx.models.fingerprint import model_fingerprint
 from tx.types import ConflictError, NotFoundError, UserError
@@ -80,7 +82,7 @@ class VllmEngine:
         self.scores = PromptScores(config.model_dir)  # the prompt's scores (vllm/scores.py)
         self._placement: dict | None = None  # what /health says about where vLLM runs (read on first use)
         self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
-        self._tokenizer: Any = None  # for stop strings across an abort (loaded on first use)
+        self._decode = LazyDecode(config.model_dir)  # for stop strings across an abort
 
     @property
     def adapters(self) -> dict[str, str | None]:
@@ -90,13 +92,29 @@ class VllmEngine:
     # ---- sampling
 
     async def generate(self, request: p.GenerateRequest) -> p.GenerateResponse:
-        if request.images or self.vision is not None:  # a 400 before queueing: see images.py
+        await self._check(request)
+        return await self._generate(request)
+
+    async def generate_stream(self, request: p.GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """Tokens as vLLM samples them (which requests: `vllm/streaming.py`), then the answer; a bad one raises."""
+        await self._check(request)
+        if not streams(request, self.vision is not None):
+            return whole(await self._generate(request))
+        stream = TokenStream()
+        stream.finish_with(asyncio.ensure_future(self._generate(request, stream.listener)))
+        return stream.events()
+
+    async def _check(self, request: p.GenerateRequest) -> None:
+        """The 4xx a request gets before it is queued."""
+        if request.images or self.vision is not None:  # see images.py
             check_images(request, self.vision, self.config.max_images_per_prompt)
         if request.images:
             await asyncio.to_thread(decode_images, request)
         if request.adapter is not None and request.adapter not in self.adapters:
             raise NotFoundError(f"adapter {request.adapter!r} is not loaded")
         self.scores.check(request)
+
+    async def _generate(self, request: p.GenerateRequest, listener: Listener | None = None) -> p.GenerateResponse:
         self.num_waiting += 1
         try:
             await self._open.wait()
@@ -108,6 +126,9 @@ class VllmEngine:
         isolate = wants_prompt_logprobs(request) and bool(self.adapters)
         bodies = completion_bodies(request, model, isolate_prompt_logprobs=isolate)
         complete = self._complete
+        if listener is not None:  # streamed: see streaming.py
+            firsts = first_samples(bodies)
+            complete = lambda body: stream_completion(self.child, body, firsts[id(body)], listener)  # noqa: E731
         if request.images:
             assert self.vision is not None  # check_images refused images for a text-only model
             prompt, parts = collapsed_prompt(request, self.vision.image_token_id), content_parts(request)
@@ -125,17 +146,9 @@ class VllmEngine:
             self.num_running -= 1
         response = generate_response(request, answers).model_copy(update=scores)
         if request.resumed_tokens and request.stop_strings:  # vLLM matches stop strings on the new text only
-            response = cut_at_resumed_stop(request, response, await self._decoder())
-        self._count(request, response)
+            response = cut_at_resumed_stop(request, response, await self._decode.get())
+        record_answer(self.stats, request, response)
         return response
-
-    async def _decoder(self) -> Callable[[list[int]], str]:
-        """The model's tokenizer, as tx's stop-string matching decodes (loaded on first use)."""
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.config.model_dir))
-        return functools.partial(self._tokenizer.decode, skip_special_tokens=False)
 
     async def _complete(self, body: dict) -> dict:
         return await self.child.call("POST", "/v1/completions", json_body=body)
@@ -145,14 +158,6 @@ class VllmEngine:
         answer = await self.child.call("POST", "/inference/v1/generate", json_body=body)
         check_expansion(request, answer)
         return tokens_answer(answer)
-
-    def _count(self, request: p.GenerateRequest, response: p.GenerateResponse) -> None:
-        stats = self.stats
-        stats.num_requests += 1
-        stats.num_batches += 1
-        stats.num_generated_tokens += sum(len(s.token_ids) for s in response.sequences)
-        stats.max_requests_per_batch = max(stats.max_requests_per_batch, 1)
-        stats.max_rows_per_step = max(stats.max_rows_per_step, request.n)
 
     async def tokenize(self, request: p.TokenizeRequest) -> p.TokenizeResponse:
         body = {
@@ -339,12 +344,5 @@ class VllmEngine:
                 pass
 
 
-__all__ = [
-    "BASE_MODEL_NAME",
-    "CPU_SLEEP_NOTE",
-    "VllmChild",
-    "VllmEngine",
-    "VllmError",
-    "private_dirs",
-    "sleep_mode_on",
-]
+__all__ = ["BASE_MODEL_NAME", "CPU_SLEEP_NOTE", "VllmChild", "VllmEngine", "VllmError", "private_dirs",
+           "sleep_mode_on"]
