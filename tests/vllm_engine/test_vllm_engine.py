@@ -136,6 +136,9 @@ def test_pause_abort_then_resume_gives_one_complete_sequence(vllm_engine):
             while vllm_engine.health()["num_running"] == 0 and thread.is_alive():
                 assert time.monotonic() < deadline
                 time.sleep(0.005)
+            # num_running counts from tx's side: give the request time to reach vLLM's scheduler, else vLLM's
+            # pause holds it (until resume) rather than aborting it; 1,500 tokens take several seconds here
+            time.sleep(0.5)
             assert vllm_engine.post("/pause", {"mode": "abort"})["paused"] is True
             deadline = time.monotonic() + 30
             while vllm_engine.health()["num_waiting"] != 1 and thread.is_alive():  # the resend waits for resume
