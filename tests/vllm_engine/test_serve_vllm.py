@@ -126,7 +126,7 @@ def test_an_openai_stream_sends_text_while_vllm_generates(server: TxServer, clie
 
     sampler = client.create_sampling_client(base_model=BASE)  # the engine is up
     sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1)).result()
-    body = {"model": BASE, "prompt": "The capital of France is", "max_tokens": 400, "temperature": 0.0}
+    body = {"model": BASE, "prompt": "The capital of France is", "max_tokens": 2000, "temperature": 0.0}
     url, auth = f"{server.url}/oai/api/v1/completions", {"Authorization": f"Bearer {API_KEY}"}
     whole = httpx.post(url, json=body, headers=auth, timeout=300).json()["choices"][0]
     assert whole["finish_reason"] == "length"
