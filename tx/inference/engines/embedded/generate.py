@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tx.inference.engines.embedded.sorting import ids_at, sorted_descending
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
 from tx.inference.engines.stops import hits_stop_string, resumed_tail
 from tx.inference.protocol import GeneratedSequence, GenerateRequest, StopReasonName
@@ -110,7 +111,7 @@ def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
     temperature = torch.tensor([row.request.temperature for row in rows])
     top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else vocab for row in rows])
     top_p = torch.tensor([row.request.top_p for row in rows])
-    sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True)
+    sorted_logits = sorted_descending(logits)  # the ids of the drawn positions only (sorting.py)
     scaled = sorted_logits / temperature[:, None]
     scaled = scaled.masked_fill(torch.arange(vocab)[None, :] >= top_k[:, None], float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
@@ -119,7 +120,7 @@ def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
     cdf = probs.cumsum(dim=-1)
     draws = torch.stack([torch.rand((), generator=row.generator) for row in rows]) * cdf[:, -1]
     picked = torch.searchsorted(cdf, draws[:, None]).clamp(max=vocab - 1)
-    return sorted_ids.gather(1, picked)[:, 0]
+    return ids_at(logits, sorted_logits, picked[:, 0])
 
 
 @dataclass
