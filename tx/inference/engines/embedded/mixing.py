@@ -8,6 +8,7 @@ Design / who owns what:
   model's forward walks every module twice per call: a cost on every decode step).
 - Other LoRA layers (PEFT's `ParamWrapper`, for `target_parameters` such as fused MoE experts) refuse mixed
   batches; a model holding any is not `mixable`, and the scheduler then batches one adapter at a time.
+- Rows of one adapter: every LoRA `Linear` runs `lean_lora.lean_forward` (PEFT's math, less Python).
 - `Weights.use` (the owner of the model) sets `names` for one forward, under the weights lock.
 """
 
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from tx.inference.engines.embedded import lean_lora
 
 BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 
@@ -42,6 +45,8 @@ class AdapterMixer:
             mixable = mixable and type(module) in (lora.Linear, lora.Embedding)
             if module not in self._hooked:
                 module.register_forward_pre_hook(self._inject, with_kwargs=True)
+                if type(module) is lora.Linear:
+                    lean_lora.install(module)
                 self._hooked.add(module)
         self.mixable = mixable
 
