@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -192,7 +193,7 @@ def workload(url: str, model_dir: Path, up: float, cpu: Callable[[], float],
     step_cpu_s = (cpu() - cpu_start) / (2 * opts.steps)
     timed = sorted(steps[opts.warmup:])
     return {"setup_s": setup_s, "train_step_s": statistics.median(timed),
-            "train_step_p90_s": timed[int(0.9 * (len(timed) - 1))],
+            "train_step_p90_s": timed[math.ceil(0.9 * len(timed)) - 1],
             "train_step_awaiting_each_s": statistics.median(waited[opts.warmup:]), "train_step_server_cpu_s": step_cpu_s,
             "first_train_step_s": steps[0], "first_save_and_client_s": save_s, "first_sample_s": first_s,
             "first_sample_tokens_per_s": first_tokens / first_s, "steady_sample_s": steady_s,
