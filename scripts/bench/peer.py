@@ -176,7 +176,8 @@ def workload(url: str, model_dir: Path, up: float, cpu: Callable[[], float],
             cpu_start = cpu()
         start = time.perf_counter()
         fb, opt = tc.forward_backward(data, "cross_entropy"), tc.optim_step(adam)
-        fb.result(), opt.result()
+        fb.result()
+        opt.result()
         middle = time.perf_counter()
         tc.forward_backward(data, "cross_entropy").result()
         tc.optim_step(adam).result()
@@ -242,7 +243,7 @@ def skyrl_version(python: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3, help="training steps before the timed ones (JIT, caches)")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per round")
