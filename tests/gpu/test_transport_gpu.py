@@ -21,7 +21,7 @@ from reference_logprobs import token_logprobs
 
 from tx.inference.launch import LocalLauncher
 from tx.inference.manager import EngineManager, EngineSettings
-from tx.types import ModelInput, SampleRequest, SampleResult, SamplingParams
+from tx.types import ModelInput, SampleKey, SampleRequest, SampleResult, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,11 +60,21 @@ def request(temperature: float) -> SampleRequest:
 async def publish_and_sample(
     manager: EngineManager, weights_dir: Path
 ) -> tuple[dict, dict[float, SampleResult], SampleResult]:
-    """Publish `weights_dir`, sample with it (greedy and at 0.8) and without it; the engine's describe()."""
+    """Publish `weights_dir` as a new version (as `save_sampler` does from the trainer's tensors), sample with it
+    (greedy and at 0.8) and without it; the engine's describe()."""
+    from safetensors.torch import load_file
+
+    from tx.inference.manager.versions import lora_spec, snapshot
+
+    manager.bind(asyncio.get_running_loop())
     try:
-        await manager.publish(MODEL, weights_dir, start=True)
-        with_adapter = {t: await manager.sample(MODEL, weights_dir, f"s-{t}:0", request(t)) for t in (0.0, 0.8)}
-        base = await manager.sample(MODEL, None, "s-base:0", request(0.0))
+        named = snapshot(load_file(weights_dir / "adapter_model.safetensors").items())
+        version = manager.versions.add("run", weights_dir, "tinker://run/sampler_weights/1", named,
+                                       lora_spec(weights_dir))
+        await manager.publish(MODEL, version, start=True)
+        with_adapter = {t: await manager.sample(MODEL, weights_dir, SampleKey(f"s-{t}", 0), request(t))
+                        for t in (0.0, 0.8)}
+        base = await manager.sample(MODEL, None, SampleKey("s-base", 0), request(0.0))
         (group,) = await manager.describe()
         (engine,) = group["engines"]
         return engine, with_adapter, base

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a machine with one or more CUDA GPUs and tx's dependencies importable
+# (docs/operations.md#gpu-checks): the GPU tests (tests/gpu, marker `gpu`), then several runs in one training
+# pass against turns (scripts/bench/shared_pass.py) at Qwen3-0.6B's shapes. Logs go to $OUT (default
+# /tmp/tx-gpu-checks). TESTS_S and BENCH_S bound each part in seconds.
+set -uo pipefail
+out=${OUT:-/tmp/tx-gpu-checks}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 TINKER_TELEMETRY=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'peft', peft.__version__)" | tee -a "$out/gpu.txt"
+timeout "${TESTS_S:-330}" python3 -m pytest -p no:cacheprovider -m gpu -s -ra --timeout 200 \
+  tests/gpu/test_families_gpu.py tests/gpu/test_trainer_gpu.py tests/gpu/test_weight_sync_gpu.py \
+  tests/gpu/test_transport_gpu.py tests/gpu/test_engines_gpu.py tests/gpu/test_trainer_workers_gpu.py \
+  tests/gpu/test_vllm_images_gpu.py 2>&1 | tee "$out/tests.log"
+tests_rc=$?
+model=$(mktemp -d)/qwen3-0.6b
+python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); from test_trainer_gpu import _qwen3_0_6b; _qwen3_0_6b('$model')"
+timeout "${BENCH_S:-90}" python3 scripts/bench/shared_pass.py --model "$model" --device cuda --runs 1 4 16 \
+  --rounds 2 2>&1 | tee "$out/shared_pass.log"
+exit "$tests_rc"
