@@ -2,10 +2,12 @@
 fused pass: the families differ in where LoRA lands (attention, MLA, linear attention, fused MoE experts) and in
 what each LoRA layer sees, so rather than trust a list, tx asks the model itself.
 
-Two throwaway adapters with random weights on every target run the same rows alone and stacked in one
-`segments.segmented` pass; the final hidden states must agree (1e-4 of their scale in float32, 2e-2 in 16-bit,
-where alone and stacked round differently). A model that fails, or whose LoRA layers cannot be cut into the
-runs' blocks, trains its runs in turns, with a warning in the log.
+Throwaway adapters with random weights on every target run the same rows alone and stacked in one
+`segments.segmented` pass; the final hidden states must agree: within 1e-4 of their scale in float32; in 16-bit,
+where alone and stacked round differently and the rounding grows with depth (4e-2 on a random Qwen3-0.6B in
+bfloat16 on a GPU), within a tenth of what a row through another run's adapter would be off by (and 0.1 at
+most). A model that fails, or whose LoRA layers cannot be cut into the runs' blocks, trains its runs in turns,
+with a warning in the log.
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ def fuses_exactly(host: AdapterHost, device: torch.device, vision: VisionProcess
         packed = host.packing != "padded"
         micros = [build_micro_batch(text_items(_tokens(lengths, seed)), device, vision, packed=packed)
                   for seed, lengths in enumerate(LENGTHS)]
-        error = _largest_gap(host, adapters, micros)
+        alone = [_alone(host, adapter, micro) for adapter, micro in zip(adapters, micros, strict=True)]
+        error = _largest_gap(host, adapters, micros, alone)
+        exact = next(host.model.parameters()).dtype == torch.float32
+        bound = 1e-4 if exact else min(0.1, 0.1 * _misrouted_gap(host, adapters, micros, alone))
     except SegmentsUnsupported as exc:
         logger.warning("%s: runs train in turns, not in one pass: %s", name, exc)
         return False
@@ -44,21 +49,37 @@ def fuses_exactly(host: AdapterHost, device: torch.device, vision: VisionProcess
         for adapter in adapters:
             if adapter in host.peft_model.peft_config:
                 host.remove(adapter)
-    bound = 1e-4 if next(host.model.parameters()).dtype == torch.float32 else 2e-2
     if error > bound:
-        logger.warning("%s: runs train in turns, not in one pass: stacked rows differ from alone by %.3g", name, error)
+        logger.warning("%s: runs train in turns, not in one pass: stacked rows differ from alone by %.3g (more "
+                       "than %.3g)", name, error, bound)
         return False
     logger.info("%s: runs on it train together in one pass (stacked rows within %.2g of alone)", name, error)
     return True
 
 
-def _largest_gap(host: AdapterHost, adapters: list[str], micros: list[MicroBatch]) -> float:
+def _alone(host: AdapterHost, adapter: str, micro: MicroBatch) -> torch.Tensor:
+    """The final hidden states of `micro`'s real positions through `adapter` alone."""
+    host.activate(adapter)
+    with torch.no_grad():
+        return _hidden(host, micro).flatten(0, 1).index_select(0, micro.index)
+
+
+def _gap(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| relative to `want`'s scale (at least 1)."""
+    return float((got.float() - want.float()).abs().max()) / max(1.0, float(want.abs().max()))
+
+
+def _misrouted_gap(host: AdapterHost, adapters: list[str], micros: list[MicroBatch],
+                   alone: list[torch.Tensor]) -> float:
+    """The smallest gap a row gets through the next run's adapter instead of its own: what a fused pass that
+    mixed up the runs' adapters would show."""
+    shifted = adapters[1:] + adapters[:1]
+    return min(_gap(_alone(host, other, micro), want) for other, micro, want in zip(shifted, micros, alone, strict=True))
+
+
+def _largest_gap(host: AdapterHost, adapters: list[str], micros: list[MicroBatch], alone: list[torch.Tensor]) -> float:
     """max |stacked - alone| over the real positions, relative to the hidden states' scale."""
     with torch.no_grad():
-        alone = []
-        for adapter, micro in zip(adapters, micros, strict=True):
-            host.activate(adapter)
-            alone.append(_hidden(host, micro).flatten(0, 1).index_select(0, micro.index))
         rows = Rows.of(micros)
         blocks = [Block(a, start, stop) for a, (start, stop) in zip(adapters, rows.spans, strict=True)]
         host.activate_many(adapters)
@@ -66,12 +87,8 @@ def _largest_gap(host: AdapterHost, adapters: list[str], micros: list[MicroBatch
         with segmented(lora_layers(host.peft_model, skip=unembedding), blocks, rows.count):
             stacked = host.hidden_states(rows.input_ids, position_ids=rows.position_ids,
                                          attention_mask=rows.attention_mask, vision=rows.vision)
-    gap = 0.0
-    for want, micro, block in zip(alone, micros, blocks, strict=True):
-        got = stacked[block.start : block.stop, : micro.input_ids.shape[1]].flatten(0, 1).index_select(0, micro.index)
-        scale = max(1.0, float(want.abs().max()))
-        gap = max(gap, float((got.float() - want.float()).abs().max()) / scale)
-    return gap
+    return max(_gap(stacked[block.start : block.stop, : micro.input_ids.shape[1]].flatten(0, 1)
+                    .index_select(0, micro.index), want) for want, micro, block in zip(alone, micros, blocks, strict=True))
 
 
 def _hidden(host: AdapterHost, micro: MicroBatch) -> torch.Tensor:
