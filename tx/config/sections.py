@@ -100,7 +100,8 @@ class TrainerSection(Section):
     gradient_checkpointing: bool | None = Field(
         default=None,
         description="Recompute decoder activations in backward (less memory, ~1/3 more compute). "
-        "Default: on with CUDA, off on CPU.",
+        "Default: on CUDA, for the micro-batches whose activations would not fit the free memory without it "
+        "(smaller ones keep them: 0.33 vs 0.45 s for 8 x 128 tokens of Qwen3-0.6B on an H100); off on CPU.",
     )
     attn_implementation: AttnImplementation | None = Field(
         default=None, description="Attention implementation of the trainer and the embedded engines. Default: "

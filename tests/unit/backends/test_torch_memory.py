@@ -123,6 +123,29 @@ def test_gradient_checkpointing_gives_the_same_results(tiny_model_dir):
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-5)
 
 
+def test_checkpointing_by_size_recomputes_only_the_passes_above_the_bound(tiny_model_dir):
+    """The cuda default (`checkpoint_above`, set from free memory there): a pass of at most that many tokens
+    keeps every layer's activations, a larger one recomputes them in backward; the results are the same."""
+    backend = _backend(tiny_model_dir, gradient_checkpointing=True, micro_batch_tokens=64)
+    data = sft_data(seed=3, count=2, length=14)  # one pass: 2 x 13 tokens packed in one row
+    calls, results = [], {}
+    for bound in (None, 26, 25):
+        backend.create_model(f"m{bound}", TINY_NAME, LORA)
+        randomize(backend, f"m{bound}", seed=4)
+        host = backend._hosts[TINY_NAME]
+        if not calls:
+            host.model.get_decoder().layers[0].register_forward_pre_hook(lambda *_: calls.append(bound))
+        host.checkpoint_above = bound
+        calls.clear()
+        results[bound] = (*_pass(backend, f"m{bound}", data), len(calls))
+    assert [results[b][3] for b in (None, 26, 25)] == [2, 1, 2]  # the forward, and the recompute if checkpointing
+    for bound in (26, 25):
+        for a, b in zip(results[bound][0], results[None][0], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        for name, grad in results[None][2].items():
+            torch.testing.assert_close(results[bound][2][name], grad, rtol=1e-5, atol=1e-5)
+
+
 def test_bfloat16_base_keeps_lora_adam_and_logprobs_in_float32(tiny_model_dir):
     """bf16 base weights against float32: logprobs within 0.05 nats (the bound: bf16 keeps 8 bits of mantissa,
     ~4e-3 relative per weight, and logprobs here are ~6 nats; measured 0.017 on this model), LoRA weights,

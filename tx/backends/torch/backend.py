@@ -33,6 +33,8 @@ from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.memory import (
     OUT_OF_MEMORY,
     TrainerOutOfMemory,
+    cuda_full_activations_budget,
+    default_cuda_budget,
     out_of_memory_message,
     release,
     return_freed_tensors_to_os,
@@ -78,7 +80,9 @@ class TorchBackend(TrainingBackend):
         and checkpointing (defaults chosen for the device)."""
         self._paths = {name: Path(path) for name, path in models.items()}
         self.device = resolve_device(device)
-        self.settings = (settings or TrainerSection()).resolved(self.device.type)
+        settings = settings or TrainerSection()  # default checkpointing on cuda: of the passes too large without
+        self._checkpoint_by_size = settings.gradient_checkpointing is None and self.device.type == "cuda"
+        self.settings = settings.resolved(self.device.type)
         if self.device.type == "cpu":
             return_freed_tensors_to_os()  # activations live in host memory: keep the peak bounded
         self._budgets: dict[str, int] = {}
@@ -124,6 +128,8 @@ class TorchBackend(TrainingBackend):
             self._hosts[base_model] = AdapterHost(model, packing)
             self._budgets[base_model] = self._budget(model, dtype, checkpointing)
             logger.info("%s: micro-batches of up to %d tokens", base_model, self._budgets[base_model])
+            if self._checkpoint_by_size:
+                self._hosts[base_model].checkpoint_above = cuda_full_activations_budget(model, self.device, dtype)
         return self._hosts[base_model]
 
     def _plan(self, base_model: str, items: list[PreparedDatum]) -> list[list[int]]:
@@ -138,8 +144,6 @@ class TorchBackend(TrainingBackend):
         if self.settings.micro_batch_tokens is not None:
             return self.settings.micro_batch_tokens
         if self.device.type == "cuda":
-            from tx.backends.torch.memory import default_cuda_budget
-
             return default_cuda_budget(model, self.device, dtype, checkpointing)
         return CPU_MICRO_BATCH_TOKENS
 

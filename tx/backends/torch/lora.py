@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import cast
 
 import peft
@@ -19,6 +19,7 @@ import torch
 from peft import get_peft_model, get_peft_model_state_dict
 from transformers import PreTrainedModel
 
+from tx.backends.torch.model import checkpointing_off
 from tx.backends.torch.packing import PackingMode, boundary_masks
 from tx.models.lora_targets import ModelStructure, exact_targets, peft_config, read_structure
 from tx.types import LoraConfig
@@ -52,6 +53,9 @@ class AdapterHost:
         self._peft: peft.PeftModel | None = None
         self._active: str | None = None
         self._structure: ModelStructure | None = None  # read before the first adapter wraps any module
+        self.checkpoint_above: int | None = None
+        """With gradient checkpointing on: the largest pass (rows x width tokens) that keeps every layer's
+        activations instead (None: every pass checkpoints)."""
 
     @property
     def structure(self) -> ModelStructure:
@@ -137,14 +141,16 @@ class AdapterHost:
             masks = boundary_masks(self.model, input_ids, position_ids)
         unembedding = self.model.get_output_embeddings()
         self.model.set_output_embeddings(torch.nn.Identity())
+        small = self.checkpoint_above is not None and input_ids.numel() <= self.checkpoint_above
         try:
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                attention_mask=masks,
-                use_cache=False,
-                **(vision or {}),
-            )
+            with checkpointing_off(self.model) if small else nullcontext():
+                out = self.model(
+                    input_ids=input_ids,
+                    position_ids=position_ids,
+                    attention_mask=masks,
+                    use_cache=False,
+                    **(vision or {}),
+                )
         finally:
             self.model.set_output_embeddings(unembedding)
         return out.logits

@@ -68,6 +68,15 @@ def default_cuda_budget(
     return cuda_micro_batch_tokens(free, per_token)
 
 
+def cuda_full_activations_budget(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> int:
+    """The largest pass (tokens) on `device` that fits keeping every layer's activations: smaller ones skip
+    gradient checkpointing's recompute (at 8 x 128 tokens of Qwen3-0.6B on an H100, 0.33 s a
+    forward_backward rather than 0.45 s)."""
+    tokens = default_cuda_budget(model, device, dtype, checkpointing=False)
+    logger.info("%s: gradient checkpointing only above %d tokens a pass", type(model).__name__, tokens)
+    return tokens
+
+
 # Heap blocks at least this large are mapped on their own and unmapped when freed (glibc's M_MMAP_THRESHOLD).
 HEAP_MMAP_THRESHOLD = 8 << 20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h

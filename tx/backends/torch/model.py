@@ -8,6 +8,8 @@ are loaded on the first run created on that model and then shared by every run o
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -63,15 +65,32 @@ def load_causal_lm(
     return model
 
 
+@contextmanager
+def checkpointing_off(model: PreTrainedModel) -> Iterator[None]:
+    """Run the block with every decoder layer keeping its activations (no recompute in backward), on a model
+    `enable_checkpointing` set up."""
+    layers = _checkpointing_layers(model)
+    for layer in layers:
+        layer.training = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = True
+
+
+def _checkpointing_layers(model: PreTrainedModel) -> list[torch.nn.Module]:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+
+
 def enable_checkpointing(model: PreTrainedModel) -> None:
     """Non-reentrant activation checkpointing of every decoder layer, in eval mode.
 
     transformers checkpoints a layer only while that layer's `training` flag is set; setting the flag on
     the layer objects alone (not their children) turns checkpointing on and leaves dropout and every
     other train-mode behaviour off."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer):
-            module.training = True
+    for layer in _checkpointing_layers(model):
+        layer.training = True
