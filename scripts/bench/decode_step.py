@@ -31,6 +31,7 @@ PROMPT = list(range(20, 36))
 # cProfile rows (function names, "file:function") grouped into the costs a decode step is made of
 GROUPS = {
     "lora (peft, lean_lora.py)": ("peft/tuners/lora", "lean_lora.py"),
+    "lean decode step (lean_decode.py)": ("lean_decode.py",),
     "sampling + logprobs": ("generate.py:sample_next", "generate.py:_sample_rows", "sorting.py", "torch.sort"),
     "kv cache (update, reorder, merge)": ("cache_utils.py",),
     "attention (sdpa + masks)": ("masking_utils.py", "sdpa_attention.py", "scaled_dot_product_attention"),

@@ -137,8 +137,10 @@ class RunningBatch:
         """One decode step for every live row (each has one sampled token the cache has not seen)."""
         assert self.decode is not None
         with self.weights.lock:
-            model = self.weights.use(self.adapters)
-            logits = self.decode.step(model, [row.token_ids[-1] for row in self.rows])
+            adapters = self.adapters
+            model = self.weights.use(adapters)
+            lean = self.weights.lean_plan(model) if len(set(adapters)) == 1 else None
+            logits = self.decode.step(model, [row.token_ids[-1] for row in self.rows], lean)
         self._sample(logits, self.rows, self.owners)
         self.stats.num_decode_steps += 1
         self._record_shape()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tx.inference.engines.embedded.lean_decode import Plan
 from tx.inference.engines.embedded.sorting import ids_at, sorted_descending
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
 from tx.inference.engines.stops import hits_stop_string, resumed_tail
@@ -247,15 +248,21 @@ class DecodeBatch:
         self.positions = positions[:, -1] + 1
         return out.logits.to("cpu")
 
-    def step(self, model: torch.nn.Module, tokens: Sequence[int]) -> torch.Tensor:
-        """Feed one token per row; returns the next-token logits [B, vocab]."""
+    def step(self, model: torch.nn.Module, tokens: Sequence[int], lean: Plan | None = None) -> torch.Tensor:
+        """Feed one token per row; returns the next-token logits [B, vocab]. `lean`: `model`'s lean decode step
+        for rows of its active adapter (`lean_decode.py`; the same logits)."""
         assert self.mask is not None and self.positions is not None
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
         positions = self.positions[:, None]
+        input_ids = torch.tensor(tokens, dtype=torch.long, device=self.mask.device)[:, None]
+        if lean is not None and self.rope_deltas is None:
+            logits = lean.step(input_ids, self.mask, positions, self.cache)
+            self.positions = self.positions + 1
+            return logits.to("cpu")
         if self.rope_deltas is not None:
             positions = step_positions(self.positions, self.rope_deltas)
         out = model(
-            input_ids=torch.tensor(tokens, dtype=torch.long, device=self.mask.device)[:, None],
+            input_ids=input_ids,
             attention_mask=self.mask,
             position_ids=positions,
             past_key_values=self.cache,

@@ -27,7 +27,7 @@ def install(layer: torch.nn.Module) -> None:
 
 
 def lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    name = _sole_adapter(layer) if not args and not kwargs else None
+    name = sole_adapter(layer) if not args and not kwargs else None
     if name is None:
         return getattr(layer, ORIGINAL_FORWARD)(x, *args, **kwargs)
     result = layer.base_layer(x)
@@ -40,7 +40,7 @@ def lean_forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torc
     return result.to(result_dtype)
 
 
-def _sole_adapter(layer: Any) -> str | None:
+def sole_adapter(layer: Any) -> str | None:
     """The one plain LoRA adapter `layer` applies now, or None when PEFT's forward must run."""
     if layer.disable_adapters or layer.merged_adapters:
         return None

@@ -31,6 +31,7 @@ class AdapterMixer:
     def __init__(self) -> None:
         self.names: list[str] | None = None
         self.mixable = True
+        self.generation = 0  # counts `install` calls: the model's LoRA layers may have changed
         self._hooked: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
     def install(self, model: torch.nn.Module) -> None:
@@ -39,6 +40,7 @@ class AdapterMixer:
         from peft.tuners.lora import layer as lora
 
         mixable = True
+        self.generation += 1
         for module in model.modules():
             if not isinstance(module, lora.LoraLayer):
                 continue

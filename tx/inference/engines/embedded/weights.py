@@ -28,6 +28,7 @@ import torch
 from tx.config.names import AttnImplementation
 from tx.devices import resolve_device
 from tx.inference.engines.embedded.attention import engine_attention
+from tx.inference.engines.embedded.lean_decode import Plan, plan, supports
 from tx.inference.engines.embedded.mixing import BASE, AdapterMixer
 from tx.inference.engines.embedded.prebuilt import take_tokenizer
 from tx.inference.engines.embedded.stash import release_memory, restore_parameters, stash_parameters
@@ -97,6 +98,7 @@ class Weights:
         self._stash: Path | None = None
         self._active: object = _UNSET
         self._mixer = AdapterMixer()
+        self._lean: tuple[object, Plan | None] = (None, None)
 
     # ---- serving
 
@@ -128,6 +130,14 @@ class Weights:
                 model.set_adapter(self._peft_names[adapter])
         self._active = adapter
         return model
+
+    def lean_plan(self, model: ServedModel) -> Plan | None:
+        """The lean decode step (`lean_decode.py`) for rows of the adapter `use` just activated on `model`, or
+        None where transformers' forward must run (resolved once per model, LoRA layers and active adapter)."""
+        key = (id(model), self._mixer.generation, self._active)
+        if self._lean[0] != key:
+            self._lean = (key, plan(model) if supports(model) else None)
+        return self._lean[1]
 
     @property
     def mixable(self) -> bool:
