@@ -139,6 +139,12 @@ class Weights:
             self._lean = (key, plan(model) if supports(model) else None)
         return self._lean[1]
 
+    def _forget_active(self) -> None:
+        """The model or its adapters changed: the next `activate` sets the adapter again, and the lean plan
+        (which holds the model's tensors) is resolved again."""
+        self._active = _UNSET
+        self._lean = (None, None)
+
     @property
     def mixable(self) -> bool:
         """Whether rows of different adapters may share a forward (`use`)."""
@@ -177,7 +183,7 @@ class Weights:
             unexpected = list(getattr(result, "unexpected_keys", []) or [])
             if unexpected:
                 raise UserError(f"unexpected LoRA tensors for adapter {name!r}: {unexpected[:5]}")
-            self._active = _UNSET
+            self._forget_active()
 
     def _copy_in_place(self, model: ServedModel, name: str, tensors: dict[str, torch.Tensor]) -> bool:
         """Copy `tensors` into adapter `name`'s parameters (PEFT names them `...lora_A.<its name>.weight`); False,
@@ -221,7 +227,7 @@ class Weights:
         self.adapters[name] = None
         self.lora_specs[name] = spec
         self._peft_names[name] = peft_name
-        self._active = _UNSET
+        self._forget_active()
         return model
 
     def delete_adapter(self, name: str) -> None:
@@ -239,7 +245,7 @@ class Weights:
             if not self.adapters:  # back to the plain model: no LoRA wrappers left in the forward
                 self.model = cast("PreTrainedModel", _lora_tuner(self.model).unload())  # the base it wrapped
             self._mixer.install(self.model)
-        self._active = _UNSET
+        self._forget_active()
 
     def set_version(self, version: str, adapter: str | None) -> None:
         with self.lock:
@@ -301,7 +307,7 @@ class Weights:
         self.lora_specs.clear()
         self._peft_names.clear()
         self.base_version = None
-        self._active = _UNSET
+        self._forget_active()
 
     def _load(self) -> PreTrainedModel:
         """The base model: frozen, the trainer's choice of attention (`attention.engine_attention`), in private memory
@@ -312,7 +318,7 @@ class Weights:
 
     def _reload(self) -> None:
         self.model = self._load()
-        self._active = _UNSET
+        self._forget_active()
 
     def _awake_model(self) -> ServedModel:
         if self.model is None or "weights" in self.asleep:
