@@ -89,6 +89,7 @@ class RunningBatch:
         self.rows: list[Row] = []
         self.owners: list[Job] = []  # the job of each row
         self.jobs: list[Job] = []  # jobs with rows still running
+        self.takes_joins = False  # whether the last prefilled batch's cache could take rows (`DecodeBatch.joinable`)
 
     @property
     def adapters(self) -> list[str | None]:
@@ -115,6 +116,7 @@ class RunningBatch:
             num_kept = max(logits_needed(job.request) for job in jobs)
             kept = batch.prefill(model, [job.request.prompt_token_ids for job in jobs], num_kept,
                                  [job.vision for job in jobs])
+        self.takes_joins = batch.joinable
         _score_prompts(jobs, kept)
         expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
         if len(expand) != len(jobs):

@@ -5,8 +5,10 @@ Design / who owns what:
 - HTTP handlers `submit` a validated request and await its future. The one scheduler thread loops: between two
   decode steps it admits the pending requests that fit (FIFO, up to `max_batch_size` rows, whatever their
   adapter when the weights mix adapters, else those of the running rows' adapter), prefills them and appends
-  their rows to the running batch, then runs one decode step for every live row. An idle engine first waits a
-  `batch_wait_s` window while requests keep arriving, so a burst is prefilled together.
+  their rows to the running batch, then runs one decode step for every live row. An idle engine whose last batch
+  could take new rows starts a request at once (those arriving meanwhile join at the next step); otherwise (a
+  static batch, or no batch yet) it first waits `batch_wait_s` windows while requests keep arriving, so a burst
+  is prefilled together.
 - A batch whose cache cannot take new rows (a sliding window, linear attention, image rope offsets: see
   `DecodeBatch.joinable`) runs as a static batch: requests wait until it ends.
 - Pausing is a set of reasons (the user's pause, the engine's sleep), each with a mode. While any reason is
@@ -122,7 +124,7 @@ class Scheduler:
         batch = self._batch
         while self._wait_for_work():
             try:
-                if not batch.rows:
+                if not batch.rows and not self._starts_at_once():
                     self._gather()
                 self.stats.num_cancelled += batch.drop_cancelled()
                 jobs = self._take_jobs()
@@ -174,6 +176,14 @@ class Scheduler:
         if not batch.rows:
             self._publish_running()
         return True
+
+    def _starts_at_once(self) -> bool:
+        """Whether an idle engine admits now: its batches take rows that arrive later (the last one could) and the
+        first pending request has no images (a batch with images cannot)."""
+        if self.static or not self._batch.takes_joins:
+            return False
+        with self._cond:
+            return not self._pending or self._pending[0].vision is None
 
     def _gather(self, max_windows: int = 8) -> None:
         """Let concurrent requests arrive together: wait `batch_wait_s` windows until one brings nothing new."""
