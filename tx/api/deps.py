@@ -1,4 +1,7 @@
-"""FastAPI dependencies shared by the routes: the service context and the caller."""
+"""FastAPI dependencies shared by the routes: the service context and the caller.
+
+They are `async def` because they only read app state and hash a key: FastAPI runs a plain `def` dependency on
+a worker thread, a thread hop on every request (on the sampling path: docs/engines.md)."""
 
 from __future__ import annotations
 
@@ -12,15 +15,15 @@ if TYPE_CHECKING:
     from tx.api.context import Context
 
 
-def get_ctx(request: Request) -> Context:
+async def get_ctx(request: Request) -> Context:
     return request.app.state.ctx
 
 
-def get_principal(request: Request) -> Principal:
+async def get_principal(request: Request) -> Principal:
     return request.app.state.key_checker(request)
 
 
-def require_operator(request: Request) -> None:
+async def require_operator(request: Request) -> None:
     request.app.state.operator_checker(request)
 
 

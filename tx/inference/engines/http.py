@@ -29,10 +29,11 @@ class UpstreamError(RuntimeError):
 
 
 def secret_guard(secret: str) -> list[Any]:
-    """Route dependencies that refuse a request without the cluster secret (401; constant-time compare)."""
+    """Route dependencies that refuse a request without the cluster secret (401; constant-time compare); async:
+    a plain `def` dependency would cost a worker-thread hop per request."""
     expected = secret.encode()
 
-    def require_secret(value: Annotated[str | None, Header(alias=SECRET_HEADER)] = None) -> None:
+    async def require_secret(value: Annotated[str | None, Header(alias=SECRET_HEADER)] = None) -> None:
         if value is None or not hmac.compare_digest(value.encode(), expected):
             raise HTTPException(status_code=401, detail=f"missing or wrong {SECRET_HEADER}")
 
