@@ -87,11 +87,14 @@ def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> Step:
     """One token per row from `logits` [rows, vocab] (fp32), the raw logprob of each, and the k most likely
     (token, raw logprob) of the rows that ask for them (None for the others)."""
     logits = logits.float()
-    tokens = logits.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.request.temperature > 0]
-    if sampled:
-        index = torch.tensor(sampled)
-        tokens[index] = _sample_rows(logits[index], [rows[i] for i in sampled])
+    if len(sampled) == len(rows):  # every row samples: no argmax, no row selection
+        tokens = _sample_rows(logits, rows)
+    else:
+        tokens = logits.argmax(dim=-1)
+        if sampled:
+            index = torch.tensor(sampled)
+            tokens[index] = _sample_rows(logits[index], [rows[i] for i in sampled])
     # log_softmax(x)[t] = x[t] - logsumexp(x): no [rows, vocab] logprob tensor per step
     norm = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(1, tokens[:, None])[:, 0] - norm
@@ -110,14 +113,17 @@ def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
     """Temperature, top-k, top-p, then inverse-CDF sampling with each row's own generator."""
     vocab = logits.shape[-1]
     temperature = torch.tensor([row.request.temperature for row in rows])
-    top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else vocab for row in rows])
-    top_p = torch.tensor([row.request.top_p for row in rows])
     sorted_logits = sorted_descending(logits)  # the ids of the drawn positions only (sorting.py)
     scaled = sorted_logits / temperature[:, None]
-    scaled = scaled.masked_fill(torch.arange(vocab)[None, :] >= top_k[:, None], float("-inf"))
+    # the top-k and top-p masks are skipped when they would mask nothing (no row asks for them): the same probs
+    if any(0 < row.request.top_k < vocab for row in rows):
+        top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else vocab for row in rows])
+        scaled = scaled.masked_fill(torch.arange(vocab)[None, :] >= top_k[:, None], float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    probs = probs.masked_fill((mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0), 0.0)
+    if any(row.request.top_p < 1.0 for row in rows):
+        top_p = torch.tensor([row.request.top_p for row in rows])
+        mass_before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill((mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0), 0.0)
     cdf = probs.cumsum(dim=-1)
     draws = torch.stack([torch.rand((), generator=row.generator) for row in rows]) * cdf[:, -1]
     picked = torch.searchsorted(cdf, draws[:, None]).clamp(max=vocab - 1)
