@@ -15,16 +15,16 @@ PROMPT = list(range(20, 36))
 
 
 def test_an_idle_engine_starts_a_lone_request_at_once_once_its_batches_take_joins(tiny_model_dir: Path):
-    scheduler = Scheduler(Weights(tiny_model_dir, max_adapters=1), max_batch_size=8, batch_wait_s=1.0)
+    scheduler = Scheduler(Weights(tiny_model_dir, max_adapters=1), max_batch_size=8, batch_wait_s=2.0)
     scheduler.start()
     try:
         request = GenerateRequest(prompt_token_ids=PROMPT, n=2, max_tokens=4, seed=1, stop_at_eos=False)
         start = time.perf_counter()
         first = scheduler.submit(request).result(timeout=60)
-        assert time.perf_counter() - start >= 1.0  # the first batch gathered
+        assert time.perf_counter() - start >= 2.0  # the first batch gathered
         start = time.perf_counter()
         second = scheduler.submit(request).result(timeout=60)
-        assert time.perf_counter() - start < 0.5, "a lone request waited for the gather window"
+        assert time.perf_counter() - start < 1.0, "a lone request waited for the gather window"
         assert second == first  # seeded: the same sample
     finally:
         scheduler.close()
