@@ -203,9 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from tx.cpu import use_huge_pages
+    from tx.cpu import use_cpu_defaults
 
-    use_huge_pages()  # before torch loads (it reads this once); engines and trainer workers inherit it
+    use_cpu_defaults()  # before torch loads (it reads these once); engines and trainer workers inherit them
     import uvicorn
 
     from tx.api.app import create_app
@@ -241,9 +241,9 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def engine_serve(args: argparse.Namespace) -> int:
-    from tx.cpu import use_huge_pages
+    from tx.cpu import use_cpu_defaults
 
-    use_huge_pages()
+    use_cpu_defaults()
     from tx.inference.engines.standalone import StandaloneEngine, StandaloneError, vllm_serve_command
     from tx.inference.engines.standalone import serve as serve_engine
     from tx.types import NotFoundError

@@ -1,5 +1,6 @@
-"""One machine's CPUs: the thread budget the trainer and the engines on it share, and the allocator setting
-`tx serve` puts in the environment before torch loads. No torch import here: the server reads this first.
+"""One machine's CPUs: the thread budget the trainer and the engines on it share, and the allocator and
+OpenMP settings `tx serve` puts in the environment before torch loads. No torch import here: the server reads
+this first.
 
 The budget (`split_threads`): `total` threads (`--cpu-threads`; default the CPUs this process may run on)
 split between the trainer and the engines tx starts on this machine. Each engine gets `engine` threads
@@ -25,12 +26,26 @@ logger = logging.getLogger(__name__)
 # tensor of 8 MiB and more afresh (`tx/backends/torch/memory.py`); on 4 KiB pages each of those faulted in
 # page by page (the bench step: 69k faults, 12% of its CPU time), on huge pages 7k.
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
+# OpenMP's wait policy (torch's CPU thread pool, libgomp): PASSIVE puts a thread that waits at a barrier to
+# sleep at once; the default spins first (300,000 rounds), burning the core the thread that is late needs.
+# On a box whose cores the server's own threads (HTTP, the store, the next request's decode), its engines or
+# other processes also use, the spinning turned a 0.05 s step into 0.2-0.5 s (p90 1-3 s):
+# docs/operations.md#the-training-steps-overhead.
+WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
 
 
 def use_huge_pages(env: MutableMapping[str, str] = os.environ) -> None:
     """Ask torch for huge pages on large CPU tensors, unless the environment already says. torch reads this
     once, at its first allocation: call it before torch is imported (child processes inherit it)."""
     env.setdefault(HUGE_PAGES_ENV, "1")
+
+
+def use_cpu_defaults(env: MutableMapping[str, str] = os.environ) -> None:
+    """What `tx serve` and `tx engine serve` put in the environment before torch loads, each unless set: huge
+    pages for large tensors, and OpenMP threads that sleep rather than spin while they wait (read once, when
+    the thread pool starts; engines and trainer workers inherit both)."""
+    use_huge_pages(env)
+    env.setdefault(WAIT_POLICY_ENV, "PASSIVE")
 
 
 def cpu_ids() -> list[int]:

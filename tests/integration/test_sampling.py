@@ -94,7 +94,8 @@ def test_the_first_engine_is_the_standby_started_with_the_server(sampling_server
 def test_the_engine_takes_its_share_of_the_cores(sampling_server: TxServer, client: tinker.ServiceClient) -> None:
     """The trainer and the engine split the machine's threads (tx/cpu.py): the engine runs with its share, never
     with every core while the trainer trains on them too; the standby process that became it too (here the first
-    engine is the standby, so it got the share when the server started, before any config)."""
+    engine is the standby, so it got the share when the server started, before any config). Its OpenMP threads
+    sleep while they wait, as the server's do (`tx serve` sets it before anything starts; tx/cpu.py)."""
     sampler = client.create_sampling_client(base_model=BASE)
     sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=2)).result()
     environ = dict(
@@ -103,6 +104,7 @@ def test_the_engine_takes_its_share_of_the_cores(sampling_server: TxServer, clie
     )
     share = split_threads(None, 1).engine  # this machine's: 1 of 2 cores here
     assert environ["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", str(share))
+    assert environ["OMP_WAIT_POLICY"] == os.environ.get("OMP_WAIT_POLICY", "PASSIVE")
     if "TX_ENGINE_CONFIG" in environ:  # a spawned engine (a standby reads its config from its stdin)
         assert json.loads(environ["TX_ENGINE_CONFIG"])["num_threads"] == share
     assert f"the trainer's {split_threads(None, 1).trainer} while a local engine runs" in sampling_server.log()

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tx.cpu import HUGE_PAGES_ENV, ThreadBudget, _cgroup_quota, split_threads, use_huge_pages
+from tx.cpu import (
+    HUGE_PAGES_ENV,
+    WAIT_POLICY_ENV,
+    ThreadBudget,
+    _cgroup_quota,
+    split_threads,
+    use_cpu_defaults,
+    use_huge_pages,
+)
 
 
 @pytest.mark.parametrize(("total", "engines", "trainer", "engine"), [
@@ -54,3 +62,12 @@ def test_huge_pages_unless_the_environment_says() -> None:
     env = {HUGE_PAGES_ENV: "0"}
     use_huge_pages(env)
     assert env == {HUGE_PAGES_ENV: "0"}
+
+
+def test_openmp_threads_sleep_while_they_wait_unless_the_environment_says() -> None:
+    env: dict[str, str] = {}
+    use_cpu_defaults(env)
+    assert env == {HUGE_PAGES_ENV: "1", WAIT_POLICY_ENV: "PASSIVE"}
+    env = {WAIT_POLICY_ENV: "ACTIVE", HUGE_PAGES_ENV: "0"}
+    use_cpu_defaults(env)
+    assert env == {WAIT_POLICY_ENV: "ACTIVE", HUGE_PAGES_ENV: "0"}
