@@ -2,7 +2,10 @@
 
 Prints JSON: median seconds per forward_backward+optim_step step for each, their ratio, the CPU seconds each
 step used (tx: the server process plus this client; torch: this process), which a busy machine moves less than
-wall time, the load average, and the p50/p90 latency of a trivial call (get_info) over HTTP.
+wall time, the load average, and the p50/p90 latency of a trivial call (get_info) over HTTP. The plain loop runs
+with the environment `tx serve` gives its trainer (`tx/cpu.py`: huge pages, OpenMP threads that sleep while they
+wait), so the ratio is tx's own cost, not a thread-pool setting: with torch's default spinning the plain loop
+itself took 4.4 s a step at load 3.8 on a 2-core box, 1.4 s with the waits passive.
 Usage: python scripts/bench/train_step.py [--steps 10] [--batch 8] [--seq-len 128]
 """
 
@@ -17,11 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
-import tinker
-import torch
-from tinker import types
+from tx.cpu import use_cpu_defaults
+
+use_cpu_defaults()  # the plain loop runs with the environment `tx serve` gives its trainer (before torch loads)
+import httpx  # noqa: E402
+import numpy as np  # noqa: E402
+import tinker  # noqa: E402
+import torch  # noqa: E402
+from tinker import types  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from txserver import API_KEY, TxServer  # noqa: E402
