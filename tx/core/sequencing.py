@@ -20,6 +20,7 @@ from tx.core.futures import Future, FutureRegistry
 from tx.core.quotas import QuotaLimits
 from tx.core.scheduler import Job, Joinable, Scheduler
 from tx.store.store import Store
+from tx.store.tables import TrainingRunRow
 from tx.types import NotFoundError, UserError
 
 Lease = Callable[[], AbstractContextManager[Any]]  # held around a training pass (the engines' colocation)
@@ -35,12 +36,14 @@ class Sequencer:
 
     def submit(self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
                lease: Lease | None = None, check: Callable[[], None] | None = None, *,
-               cost: float = 0.0, size: int = 0, joinable: Joinable | None = None) -> Future:
+               cost: float = 0.0, size: int = 0, joinable: Joinable | None = None,
+               run: TrainingRunRow | None = None) -> Future:
         """Queue `fn` as `model_id`'s call `seq_id`. `check` raises (a UserError) for work that can never run:
         it is refused here, before a future exists, and the route counts its seq_id as used. `cost`: the tokens
         it trains on (fair share); `size`: the bytes it holds while queued (the key's quota); `joinable`: lets it
-        share a pass with other runs' calls (`scheduler.py`, "Shared passes")."""
-        run = self.store.get_run(model_id, owner)
+        share a pass with other runs' calls (`scheduler.py`, "Shared passes"); `run`: the caller's row of
+        `model_id` if this request already read it (`store.get_run(model_id, owner)`), not read again."""
+        run = run if run is not None else self.store.get_run(model_id, owner)
         if run.copied_from is not None:
             raise UserError(f"training run {model_id!r} holds a copy of {run.copied_from} and is never trained; "
                             "create a training client from its checkpoint")

@@ -96,7 +96,7 @@ class TrainingCalls:
         tokens, size, images = measure(batch)
         quotas.check("images_per_request", 0, images, self.sequencer.limits.images_per_request)
         return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check, cost=tokens, size=size,
-                                     joinable=joinable)
+                                     joinable=joinable, run=run)
 
     def _count(self, owner: str, batch: ForwardBackwardInput, result: ForwardBackwardResult) -> None:
         """Count a forward_backward's target tokens (not a forward's); only the training thread writes them."""
@@ -126,7 +126,8 @@ class TrainingCalls:
     def optim_step(self, owner: str, model_id: str, seq_id: int, params: OptimParams) -> Future:
         """A step of the run's optimizer; `params` of another optimizer are refused at submission."""
         params.validate()
-        check_params_fit(optimizer_of_row(self.sequencer.store.get_run(model_id, owner)), params)
+        run = self.sequencer.store.get_run(model_id, owner)
+        check_params_fit(optimizer_of_row(run), params)
 
         def step() -> OptimStepResult:
             start = time.perf_counter()
@@ -134,7 +135,7 @@ class TrainingCalls:
             self._measured(model_id, "optim_step", start, None, result)
             return result
 
-        return self.sequencer.submit(owner, model_id, seq_id, "OptimStep", step, self._training_lease)
+        return self.sequencer.submit(owner, model_id, seq_id, "OptimStep", step, self._training_lease, run=run)
 
     def _measured(self, model_id: str, kind: str, start: float, batch: ForwardBackwardInput | None,
                   result: ForwardBackwardResult | OptimStepResult) -> None:
