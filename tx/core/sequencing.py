@@ -7,10 +7,13 @@ load_state) names a `seq_id`, and runs on the training thread in `seq_id` order 
 - A resent `(model, seq_id)` answers with the original future.
 - A call's bytes count against its key's `queued_training_bytes` quota until it runs (`quotas.py`): past it,
   the call is refused (429, the client retries once queued work ran).
+- A queued call moves its run's `last_request_time` in the store, at most once per `TOUCH_EVERY_S` per run
+  (a store write per call was two commits per training step; docs/operations.md#the-training-steps-overhead).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -24,6 +27,7 @@ from tx.store.tables import TrainingRunRow
 from tx.types import NotFoundError, UserError
 
 Lease = Callable[[], AbstractContextManager[Any]]  # held around a training pass (the engines' colocation)
+TOUCH_EVERY_S = 1.0  # a run's last_request_time is written at most this often (seconds), by this process
 
 
 class Sequencer:
@@ -33,6 +37,8 @@ class Sequencer:
         self.futures = futures
         self.scheduler = scheduler
         self.limits = limits or QuotaLimits()
+        self.touch_every_s = TOUCH_EVERY_S
+        self._touched: dict[str, float] = {}  # run -> when this process last wrote its last_request_time
 
     def submit(self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
                lease: Lease | None = None, check: Callable[[], None] | None = None, *,
@@ -67,8 +73,16 @@ class Sequencer:
         if not created:
             return future
         self.scheduler.submit(model_id, seq_id, Job(future, fn, lease, cost=cost, size=size, joinable=joinable))
-        self.store.touch_run(model_id)  # after: a store write (a disk sync, ~10 ms) is no part of the step
+        self._touch(model_id)  # after: a store write (a disk sync, ~10 ms) is no part of the step
         return future
+
+    def _touch(self, model_id: str) -> None:
+        """The run's last_request_time, unless this process wrote it less than `touch_every_s` ago (a race
+        between two request threads writes it twice, which is harmless)."""
+        now = time.monotonic()
+        if now - self._touched.get(model_id, -self.touch_every_s) >= self.touch_every_s:
+            self._touched[model_id] = now
+            self.store.touch_run(model_id)
 
     def reject(self, owner: str, model_id: str, seq_id: int) -> None:
         """A sequenced request of `owner` was refused at submission: its seq_id counts as done."""

@@ -101,6 +101,30 @@ def test_jobs_run_in_seq_id_order_whatever_order_they_arrive_in(tmp_path: Path) 
     run(tmp_path, scenario)
 
 
+def test_a_runs_last_request_time_is_written_at_most_once_a_second(tmp_path: Path) -> None:
+    """Each queued call moved last_request_time with a store commit: two per training step. Now the first
+    call of a run writes it, calls within `touch_every_s` after do not, and the next one after does."""
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        writes: list[str] = []
+        touch = core.store.touch_run
+        core.store.touch_run = lambda run_id: (writes.append(run_id), touch(run_id))[1]  # type: ignore[method-assign]
+        created = core.store.get_run(model, OWNER).last_request_time
+        sequencer = core.service.training.sequencer
+        sequencer.touch_every_s = 0.5
+        await core.done(core.forward_backward(model, 1))
+        first = core.store.get_run(model, OWNER).last_request_time
+        assert first > created and writes == [model]
+        for seq_id in (2, 3):
+            await core.done(core.service.training.optim_step(OWNER, model, seq_id, AdamParams(learning_rate=0.1)))
+        assert writes == [model] and core.store.get_run(model, OWNER).last_request_time == first
+        time.sleep(0.5)
+        await core.done(core.forward_backward(model, 4))
+        assert writes == [model, model] and core.store.get_run(model, OWNER).last_request_time > first
+
+    run(tmp_path, scenario)
+
+
 def test_a_refused_submission_frees_its_seq_id_at_once(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()
