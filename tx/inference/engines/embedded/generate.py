@@ -110,12 +110,12 @@ def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> Step:
 
 
 def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
-    """Temperature, top-k, top-p, then inverse-CDF sampling with each row's own generator."""
+    """Temperature, top-k and top-p (each skipped where it masks nothing), then inverse-CDF sampling with each
+    row's own generator."""
     vocab = logits.shape[-1]
     temperature = torch.tensor([row.request.temperature for row in rows])
     sorted_logits = sorted_descending(logits)  # the ids of the drawn positions only (sorting.py)
     scaled = sorted_logits / temperature[:, None]
-    # the top-k and top-p masks are skipped when they would mask nothing (no row asks for them): the same probs
     if any(0 < row.request.top_k < vocab for row in rows):
         top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else vocab for row in rows])
         scaled = scaled.masked_fill(torch.arange(vocab)[None, :] >= top_k[:, None], float("-inf"))
