@@ -262,9 +262,8 @@ class DecodeBatch:
         positions = self.positions[:, None]
         input_ids = torch.tensor(tokens, dtype=torch.long, device=self.mask.device)[:, None]
         if lean is not None and self.rope_deltas is None:
-            logits = lean.step(input_ids, self.mask, positions, self.cache)
-            self.positions = self.positions + 1
-            return logits.to("cpu")
+            self.positions = self.positions + 1  # a new tensor: `positions` keeps this step's
+            return lean.step(input_ids, self.mask, positions, self.cache).to("cpu")
         if self.rope_deltas is not None:
             positions = step_positions(self.positions, self.rope_deltas)
         out = model(
