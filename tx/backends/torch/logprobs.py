@@ -1,8 +1,8 @@
 """Target log-probabilities from final hidden states, a chunk of positions at a time (never tokens x vocab).
 
-The unembedding (`lm_head`, with a run's LoRA on it when `train_unembed`) is applied to `chunk` positions
-at once: their logits are made in float32, log-softmaxed, the targets' entries gathered, and dropped.
-The extra memory is O(chunk x vocab): the chunk's logits, their log-softmax and its gradient, about
+The unembedding (`lm_head`, with a run's LoRA on it when `train_unembed`: `head.py` computes it lean) is applied
+to `chunk` positions at once: their logits are made in float32, log-softmaxed, the targets' entries gathered,
+and dropped. The extra memory is O(chunk x vocab): the chunk's logits, their log-softmax and its gradient, about
 3 x chunk x vocab x 4 bytes at the peak. Two ways to get gradients:
 
 - `per_token_backward` (losses that are a sum of per-token terms): each chunk's loss terms are made and
@@ -19,6 +19,8 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from tx.backends.torch.head import Head
+
 # Logits per chunk (positions x vocab). 16M float32 values = 64 MiB per buffer: ~110 positions at Qwen3's
 # vocabulary (151,936), all of them for a small vocabulary. The head holds about three such buffers at its
 # peak (~190 MiB; at 32M it was ~390 MiB, at the same speed on CPU; at 8M it was slower).
@@ -31,7 +33,7 @@ def chunk_positions(vocab_size: int, chunk_logits: int | None = None) -> int:
 
 
 def target_logprobs(
-    hidden: torch.Tensor, unembed: torch.nn.Module, targets: torch.Tensor, chunk: int
+    hidden: torch.Tensor, unembed: Head, targets: torch.Tensor, chunk: int
 ) -> torch.Tensor:
     """log_softmax(unembed(hidden))[targets] in float32: (N, H) hidden, (N, K) targets -> (N, K)."""
     pieces = []
@@ -47,7 +49,7 @@ def target_logprobs(
 
 def per_token_backward(
     hidden: torch.Tensor,
-    unembed: torch.nn.Module,
+    unembed: Head,
     targets: torch.Tensor,
     chunk: int,
     chunk_loss: Callable[[torch.Tensor, slice], torch.Tensor],
@@ -70,7 +72,7 @@ def per_token_backward(
     return torch.cat(pieces), total, grad
 
 
-def _chunk_logprobs(unembed: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _chunk_logprobs(unembed: Head, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = unembed(hidden).float()
     if targets.shape[1] == 1:  # fused log_softmax + gather, with a cheap backward
         return -torch.nn.functional.cross_entropy(logits, targets[:, 0], reduction="none")[:, None]

@@ -15,6 +15,7 @@ import torch
 
 from tx.backends.losses import LossFn
 from tx.backends.torch.batch import MicroBatch
+from tx.backends.torch.head import Head, lean_head
 from tx.backends.torch.logprobs import chunk_positions, per_token_backward, target_logprobs
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.ops import TORCH_OPS
@@ -73,10 +74,11 @@ def head_step(
     """From `micro`'s final hidden states (N, H), in datum order: the head, the loss, and (unless `forward_only`)
     the backward into the active adapter's head and through `hidden`."""
     chunk = chunk_positions(host.vocab_size)
+    unembed = lean_head(host.unembedding)  # its LoRA from the weights when plain (`head.py`)
     with torch.no_grad() if forward_only else torch.enable_grad():
         if not forward_only and custom is None and loss_fn.name in PER_TOKEN_LOSSES:
-            return _per_token_step(hidden, host.unembedding, micro, loss_fn, config, chunk)
-        logp = target_logprobs(hidden, host.unembedding, micro.targets, chunk)
+            return _per_token_step(hidden, unembed, micro, loss_fn, config, chunk)
+        logp = target_logprobs(hidden, unembed, micro.targets, chunk)
         logp = micro.to_rows(logp)  # (D, T, K): one datum per row, as the losses expect
         metrics: dict[str, float] = {}
         if custom is not None:
@@ -91,7 +93,7 @@ def head_step(
 
 def _per_token_step(
     hidden: torch.Tensor,
-    unembed: torch.nn.Module,
+    unembed: Head,
     micro: MicroBatch,
     loss_fn: LossFn,
     config: Mapping[str, float],

@@ -1,0 +1,81 @@
+"""The unembedding's logits for the trainer's chunked head, lean when it is a plain PEFT LoRA `Linear`.
+
+PEFT's LoRA `Linear` makes the base logits (N, V), then the adapter's B(A(x)) as another (N, V), multiplies
+that by the scaling (a third pass over N x V) and adds the two (a fourth); backward repeats the scaling pass.
+`lean_head` takes the module's own weights instead and computes
+
+    logits = base(x) + ((x @ A^T) * scaling) @ B^T
+
+with the scaling on the rank side ((N, r), not (N, V)) and the add inside the second matmul (`addmm_` into the
+base logits): the same sum up to float rounding, with two fewer passes over the logits each way.
+
+It is taken only where PEFT's forward would be exactly that sum: one active adapter, vanilla LoRA (no DoRA or
+other variant), no dropout, unmerged, adapters enabled, plain `Linear` base and LoRA factors without bias on the
+factors, no hooks or patched `forward` on the module, no sharded (DTensor) weights. Anything else calls the
+module (`lean_head` returns it), so the result is PEFT's own. docs/operations.md#the-training-steps-overhead
+holds the figures.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from peft.tuners.lora.layer import Linear as LoraLinear
+
+Head = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LeanHead:
+    """One LoRA adapter's unembedding, computed from `layer`'s weights (module docstring)."""
+
+    layer: LoraLinear
+    base: torch.nn.Linear
+    lora_a: torch.nn.Linear
+    lora_b: torch.nn.Linear
+    scaling: float
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        base = torch.nn.functional.linear(hidden, self.base.weight, self.base.bias)
+        dtype = self.lora_a.weight.dtype
+        low = torch.nn.functional.linear(self.layer._cast_input_dtype(hidden, dtype), self.lora_a.weight)
+        low = low * self.scaling  # (N, r): the scaling where it is cheap
+        # PEFT adds the adapter's output (in its dtype) to the base's, then casts back to the base's dtype
+        logits = base.to(dtype).flatten(0, -2)
+        logits = logits.addmm_(low.flatten(0, -2), self.lora_b.weight.t())
+        return logits.view(base.shape).to(base.dtype)
+
+
+def lean_head(unembedding: torch.nn.Module) -> Head:
+    """A `LeanHead` for `unembedding` when its forward is a single plain LoRA (module docstring), else itself."""
+    if not isinstance(unembedding, LoraLinear) or _hooked(unembedding):
+        return unembedding
+    layer = unembedding
+    if layer.disable_adapters or layer.merged or layer.fan_in_fan_out:
+        return unembedding
+    active = [name for name in layer.active_adapters if name in layer.lora_A]
+    if len(active) != 1 or active[0] in layer.lora_variant:
+        return unembedding
+    name = active[0]
+    base, lora_a, lora_b = layer.base_layer, layer.lora_A[name], layer.lora_B[name]
+    if not (type(layer.lora_dropout[name]) is torch.nn.Identity and _plain(base)
+            and _plain(lora_a) and _plain(lora_b) and lora_a.bias is None and lora_b.bias is None):
+        return unembedding
+    assert isinstance(base, torch.nn.Linear) and isinstance(lora_a, torch.nn.Linear)
+    assert isinstance(lora_b, torch.nn.Linear)
+    return LeanHead(layer, base, lora_a, lora_b, float(layer.scaling[name]))
+
+
+def _plain(module: torch.nn.Module) -> bool:
+    """A `torch.nn.Linear` itself (not a subclass: quantized layers), unhooked, with ordinary weights."""
+    if type(module) is not torch.nn.Linear or _hooked(module):
+        return False
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)  # loaded where it is used
+    return dtensor is None or not any(isinstance(p, dtensor) for p in (module.weight, module.bias) if p is not None)
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in vars(module))
