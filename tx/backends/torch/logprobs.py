@@ -7,7 +7,8 @@ and dropped. The extra memory is O(chunk x vocab): the chunk's logits, their log
 
 - `per_token_backward` (losses that are a sum of per-token terms): each chunk's loss terms are made and
   backpropagated to the hidden states at once, while its logits are alive, so the unembedding runs once
-  forward and once backward, as in the naive computation.
+  forward and once backward, as in the naive computation; for a plain head the backward is written out by
+  hand (`head_grad.py`: one (chunk, vocab) buffer, the softmax in place).
 - `target_logprobs` under autograd (any loss, e.g. gspo's per-sequence ratio): each chunk runs under
   non-reentrant activation checkpointing and backward recomputes its logits (one more unembedding pass).
 """
@@ -20,6 +21,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from tx.backends.torch.head import Head
+from tx.backends.torch.head_grad import per_token_by_hand
 
 # Logits per chunk (positions x vocab). 16M float32 values = 64 MiB per buffer: ~110 positions at Qwen3's
 # vocabulary (151,936), all of them for a small vocabulary. The head holds about three such buffers at its
@@ -58,7 +60,11 @@ def per_token_backward(
 
     `chunk_loss(logp, rows)` is the summed loss of the positions `rows` given their (rows, K) logprobs; each
     chunk's is backpropagated at once (into the unembedding's LoRA and the returned hidden-state gradient).
-    Returns (logp (N, K) detached, loss (scalar, detached), grad (N, H))."""
+    Returns (logp (N, K) detached, loss (scalar, detached), grad (N, H)). A plain head (a lean LoRA head or a
+    plain `Linear`, float32) gets its gradient by hand, without autograd over the logits (`head_grad.py`)."""
+    by_hand = per_token_by_hand(hidden, unembed, targets, chunk, chunk_loss)
+    if by_hand is not None:
+        return by_hand
     leaf = hidden.detach().requires_grad_()
     pieces, total = [], hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, hidden.shape[0], chunk):
