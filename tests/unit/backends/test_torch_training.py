@@ -225,3 +225,27 @@ def test_lora_targets_follow_the_config(backend):
     assert {n.split(".")[-3] for n in attn} == {"q_proj", "k_proj", "v_proj", "o_proj"}
     assert {n.split(".")[-3] for n in rest} == {"gate_proj", "up_proj", "down_proj", "lm_head"}
     assert all(t.shape[0] == 2 for n, t in attn.items() if "lora_A" in n)
+
+
+def test_cpu_adamw_takes_the_fused_kernel_and_updates_as_the_loop_does(backend):
+    """The fused AdamW kernel on CPU (optim.py), also after loading a state saved with the loop; its updates
+    equal torch's per-tensor loop within float rounding."""
+    backend.create_model("m", TINY_NAME, LORA)
+    randomize(backend, "m", seed=3)
+    params = list(backend._run("m").params.values())
+    loop = torch.optim.AdamW([p.detach().clone().requires_grad_() for p in params], lr=0.0, weight_decay=0.0)
+    adam = AdamParams(learning_rate=1e-2, weight_decay=0.1, grad_clip_norm=0.0)
+    optimizer = backend._run("m").optimizer
+    optimizer.load_state_dict({**optimizer.state_dict(), "param_groups": [
+        {**g, "fused": None} for g in optimizer.state_dict()["param_groups"]]})  # as a loop's state loads
+    for step in range(3):
+        backend.forward_backward("m", ce(sft_data(seed=step)))
+        for mine, theirs in zip(params, loop.param_groups[0]["params"], strict=True):
+            theirs.grad = mine.grad.clone()
+        for group in loop.param_groups:
+            group.update(lr=1e-2, weight_decay=0.1, betas=(adam.beta1, adam.beta2), eps=adam.eps)
+        loop.step()
+        backend.optim_step("m", adam)
+        assert all(group["fused"] for group in optimizer.param_groups)
+    for mine, theirs in zip(params, loop.param_groups[0]["params"], strict=True):
+        torch.testing.assert_close(mine.detach(), theirs.detach(), rtol=1e-5, atol=1e-6)
