@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 sys.path.append(str(Path(__file__).parent))
+import background  # tests/ is on the path only from here on
+
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 LEFT_OPEN = pytest.StashKey[list[str]]()
 
@@ -50,9 +52,16 @@ def open_tinker_sessions() -> list[str]:
             and holder._session_heartbeat_task is not None and not holder._session_heartbeat_task.done()]
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the one-shot jobs the collected test modules declare (tests/background.py), niced, now."""
+    background.start_for({item.module for item in session.items if isinstance(item, pytest.Function)})
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Fail a run that leaves tinker sessions open: close each ServiceClient while its server still runs
-    (`with server.client() as client`), or `abandon` it once its server was killed (tests/txserver.py)."""
+    (`with server.client() as client`), or `abandon` it once its server was killed (tests/txserver.py).
+    Background jobs no test waited for are killed."""
+    background.stop_all()
     session.config.stash[LEFT_OPEN] = open_tinker_sessions()
     if session.config.stash[LEFT_OPEN]:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
