@@ -10,11 +10,11 @@ through Triton kernels it lacks) and Qwen3.5 (vLLM's model code needs torchvisio
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import background
 import numpy as np
 import pytest
 import tinker
@@ -24,7 +24,7 @@ from sdk_datums import sft_datum
 from tinker import types
 from txserver import TxServer
 
-from tx.models import write_tiny_model, write_to_hf_cache
+from tx.models import write_to_hf_cache
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -81,13 +81,37 @@ def test_an_adapter_vllm_cannot_serve_is_a_clear_user_error(client: tinker.Servi
                        sampling_params=types.SamplingParams(max_tokens=2)).result()
 
 
-@pytest.mark.parametrize("preset", ["qwen3_moe", "qwen3_5"])
-def test_a_family_vllm_cannot_serve_is_refused_at_startup(preset: str, tmp_path: Path) -> None:
+REFUSED = ("qwen3_moe", "qwen3_5")
+
+
+def refused_at_startup(preset: str) -> background.Factory:
+    """A tiny model of `preset` written, then `tx serve --engine vllm` on it, to the end (it should exit 2): the
+    model's path is the job's first line of output."""
+
+    def job(directory: Path) -> background.Job:
+        data = directory / "data"
+        script = ("import subprocess, sys\n"
+                  "from tx.models import write_tiny_model\n"
+                  f"model = str(write_tiny_model({str(directory / preset)!r}, preset={preset!r}))\n"
+                  "print(model, flush=True)\n"
+                  "cmd = [sys.executable, '-m', 'tx.cli', 'serve', '--engine', 'vllm', '--base-model', model,\n"
+                  f"       '--data-dir', {str(data)!r}, '--port', '0']\n"
+                  "sys.exit(subprocess.run(cmd, timeout=300, check=False).returncode)\n")
+        return background.Job([sys.executable, "-c", script])
+
+    return job
+
+
+# Each refusal is a `tx serve` that imports vLLM to ask it (~20 s of one core): started niced as soon as these
+# tests are collected (tests/background.py), so they run in the time the tests before them leave idle.
+BACKGROUND_JOBS = {f"vllm-refuses-{p}": refused_at_startup(p) for p in REFUSED} if vllm_missing() is None else {}
+
+
+@pytest.mark.parametrize("preset", REFUSED)
+def test_a_family_vllm_cannot_serve_is_refused_at_startup(preset: str) -> None:
     if (reason := vllm_missing()) is not None:
         pytest.skip(reason)
-    model = write_tiny_model(tmp_path / preset, preset=preset)
-    cmd = [sys.executable, "-m", "tx.cli", "serve", "--engine", "vllm", "--base-model", str(model),
-           "--data-dir", str(tmp_path / "data"), "--port", "0"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    done = background.result(f"vllm-refuses-{preset}", refused_at_startup(preset))
+    model = done.stdout.splitlines()[0] if done.stdout else "?"
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"vLLM cannot serve {model}" in done.stderr and "--engine embedded" in done.stderr
