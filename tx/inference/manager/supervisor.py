@@ -109,10 +109,15 @@ class Supervisor:
         for task in list(self._background):
             task.cancel()
         await self.external.close()
+        stops = []
         for group in groups:
             for slot in group.slots.values():
                 self._forget(slot)
                 if slot.process is not None and not slot.external:
-                    await self.launcher.stop(slot.process)
+                    stops.append(self.launcher.stop(slot.process))
                     slot.process = None
+        # at once: each waits for its engine to exit (a vLLM one up to 30 s)
+        for result in await asyncio.gather(*stops, return_exceptions=True):
+            if isinstance(result, BaseException):
+                logger.warning("stopping an engine failed: %s", result)
         await self.launcher.close()
