@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -76,6 +77,12 @@ def kind_of(port: int) -> str:
     return "gloo"  # a gloo device's pair listener: it takes only the pairs of its group (see the module docs)
 
 
+def kinds_of(sockets: list[tuple[str, int, int]]) -> list[str]:
+    """`kind_of` each socket's port, all at once: a gloo listener takes the whole 5 s HTTP timeout to tell."""
+    with ThreadPoolExecutor(max(1, len(sockets))) as pool:
+        return list(pool.map(kind_of, [port for _, port, _ in sockets]))
+
+
 def test_every_listening_socket_is_private_and_guarded(server: TxServer,
                                                        service_client: tinker.ServiceClient) -> None:
     training = service_client.create_lora_training_client("tiny-qwen3", rank=4).result()
@@ -84,7 +91,7 @@ def test_every_listening_socket_is_private_and_guarded(server: TxServer,
     assert server.proc is not None
     sockets = listening(process_tree(server.proc.pid))
     assert all(address in LOOPBACK for address, _, _ in sockets), sockets
-    kinds = [kind_of(port) for _, port, _ in sockets]
+    kinds = kinds_of(sockets)
     assert {"api", "engine", "rendezvous"} <= set(kinds), list(zip(sockets, kinds))
     assert kinds.count("api") == 1
 
@@ -99,5 +106,5 @@ def test_trainer_workers_listen_privately(workers_server: TxServer) -> None:
         assert workers_server.proc is not None
         sockets = listening(process_tree(workers_server.proc.pid))
     assert all(address in LOOPBACK for address, _, _ in sockets), sockets
-    kinds = [kind_of(port) for _, port, _ in sockets]
+    kinds = kinds_of(sockets)
     assert "rendezvous" in kinds and kinds.count("api") == 1, list(zip(sockets, kinds))
