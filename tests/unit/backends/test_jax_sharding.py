@@ -1,16 +1,18 @@
 """The JAX backend on a 2-device mesh gives the 1-device result (CPU devices forced by XLA_FLAGS).
 
-XLA_FLAGS must be set before jax starts, so the comparison runs in a fresh Python process.
+XLA_FLAGS must be set before jax starts, so the comparison runs in a fresh Python process (a niced background
+job from collection on: tests/background.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import background
 import numpy as np
 import pytest
 
@@ -49,14 +51,33 @@ SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_two_device_mesh_matches_one_device(tiny_model_dir):
+WRITE_TINY = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from tx.models.tiny import write_tiny_text_model
+    write_tiny_text_model(Path(sys.argv[1]), preset="tiny", seed=0)  # tests/conftest.py's tiny_model_dir
+    """
+)
+
+
+def two_devices(directory: Path) -> background.Job:
+    """The comparison, in a fresh process with 2 forced CPU devices, on the tiny model written first."""
     here = os.path.dirname(__file__)
     root = os.path.abspath(os.path.join(here, "..", "..", ".."))
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([root, here, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model_dir)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return background.Job([sys.executable, "-c", WRITE_TINY + SCRIPT, str(directory / "tiny")], env=env,
+                          timeout_s=300)
+
+
+# ~20 s of one core: started niced as soon as the test is collected (tests/background.py)
+BACKGROUND_JOBS = {"jax-two-devices": two_devices}
+
+
+@pytest.mark.slow
+def test_two_device_mesh_matches_one_device():
+    proc = background.result("jax-two-devices", two_devices)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (one["devices"], two["devices"]) == (1, 2)
