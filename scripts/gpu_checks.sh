@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a machine with one or more CUDA GPUs and tx's dependencies importable
 # (docs/operations.md#gpu-checks): the GPU tests (tests/gpu, marker `gpu`), then several runs in one training
-# pass against turns (scripts/bench/shared_pass.py) at Qwen3-0.6B's shapes. Logs go to $OUT (default
-# /tmp/tx-gpu-checks). TESTS_S and BENCH_S bound each part in seconds.
+# pass against turns (scripts/bench/shared_pass.py) and the step through the SDK against plain torch
+# (scripts/bench/train_step.py), both at Qwen3-0.6B's shapes. Logs go to $OUT (default /tmp/tx-gpu-checks).
+# TESTS_S and BENCH_S bound each part in seconds.
 set -uo pipefail
 out=${OUT:-/tmp/tx-gpu-checks}
 mkdir -p "$out"
@@ -16,7 +17,12 @@ timeout "${TESTS_S:-330}" python3 -m pytest -p no:cacheprovider -m gpu -s -ra --
   tests/gpu/test_vllm_images_gpu.py 2>&1 | tee "$out/tests.log"
 tests_rc=$?
 model=$(mktemp -d)/qwen3-0.6b
-python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); from test_trainer_gpu import _qwen3_0_6b; _qwen3_0_6b('$model')"
+python3 -c "import sys; sys.path.insert(0, 'tests/gpu'); from test_trainer_gpu import _qwen3_0_6b; _qwen3_0_6b('$model')
+from pathlib import Path; import shutil; from tx.models import write_tiny_text_model
+tiny = write_tiny_text_model(Path('$model').parent / 'tokenizer', preset='vocab-h64')  # Qwen3's vocabulary
+for name in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'): shutil.copy(tiny / name, '$model')"
 timeout "${BENCH_S:-90}" python3 scripts/bench/shared_pass.py --model "$model" --device cuda --runs 1 4 16 \
   --rounds 2 2>&1 | tee "$out/shared_pass.log"
+timeout "${BENCH_S:-90}" python3 scripts/bench/train_step.py --model "$model" --device cuda --steps 10 --warmup 3 \
+  2>&1 | tee "$out/train_step.log"
 exit "$tests_rc"

@@ -6,7 +6,9 @@ wall time, the load average, and the p50/p90 latency of a trivial call (get_info
 with the environment `tx serve` gives its trainer (`tx/cpu.py`: huge pages, OpenMP threads that sleep while they
 wait), so the ratio is tx's own cost, not a thread-pool setting: with torch's default spinning the plain loop
 itself took 4.4 s a step at load 3.8 on a 2-core box, 1.4 s with the waits passive.
-Usage: python scripts/bench/train_step.py [--steps 10] [--batch 8] [--seq-len 128]
+On a GPU (`--device cuda --model DIR`, a local Hugging Face model such as Qwen3-0.6B) both run on cuda with
+the base in bfloat16 and the LoRA in float32 (tx's default there; PEFT casts the adapter up by itself).
+Usage: python scripts/bench/train_step.py [--steps 10] [--batch 8] [--seq-len 128] [--model DIR --device cuda]
 """
 
 from __future__ import annotations
@@ -41,12 +43,13 @@ def make_batch(batch: int, seq_len: int, vocab: int) -> np.ndarray:
     return np.random.default_rng(0).integers(0, vocab - 100, size=(batch, seq_len + 1))
 
 
-def plain_torch_steps(model_dir: Path, tokens: np.ndarray, steps: int):
+def plain_torch_steps(model_dir: Path, tokens: np.ndarray, steps: int, device: str):
     """The reference: the same model, LoRA and loss in one process, no server."""
     import peft
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
     config = peft.LoraConfig(
         r=8, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj", "lm_head"],
@@ -54,8 +57,8 @@ def plain_torch_steps(model_dir: Path, tokens: np.ndarray, steps: int):
     model = peft.get_peft_model(model, config)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR,
                                   betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
-    inputs = torch.tensor(tokens[:, :-1])
-    targets = torch.tensor(tokens[:, 1:])
+    inputs = torch.tensor(tokens[:, :-1], device=device)
+    targets = torch.tensor(tokens[:, 1:], device=device)
 
     def step() -> float:
         start = time.perf_counter()
@@ -64,6 +67,8 @@ def plain_torch_steps(model_dir: Path, tokens: np.ndarray, steps: int):
         (-logp.sum()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     for _ in range(steps):
@@ -97,6 +102,17 @@ def trivial_call_latency(server: TxServer, model_id: str, calls: int = 200) -> l
     return latencies
 
 
+def parameter_count(model_dir: Path) -> int:
+    """The parameters in a model directory's safetensors files, read from their headers."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            total += sum(int(np.prod(f.get_slice(name).get_shape())) for name in f.keys())
+    return total
+
+
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a live process has used so far, from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -109,19 +125,20 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--model", type=Path, help="a local Hugging Face model (default: the ~21M `bench` preset)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the plain loop runs")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_tiny_text_model(Path(tmp) / "bench-model", preset="bench")
-        n_params = sum(p.numel() for p in __import__("safetensors.torch").torch.load_file(
-            str(model_dir / "model.safetensors")).values())
+        model_dir = args.model or write_tiny_text_model(Path(tmp) / "bench-model", preset="bench")
+        n_params = parameter_count(model_dir)
         server = TxServer(Path(tmp) / "data", args=["--base-model", str(model_dir)]).start()
         try:
             client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
             tc = client.create_lora_training_client(str(model_dir), rank=8, seed=0).result()
-            tokens = make_batch(args.batch, args.seq_len, 8000)
+            tokens = make_batch(args.batch, args.seq_len, 8000)  # every vocabulary here is above 8,000
             total = args.warmup + args.steps
-            tx_iter, torch_iter = tx_steps(tc, tokens, total), plain_torch_steps(model_dir, tokens, total)
+            tx_iter, torch_iter = tx_steps(tc, tokens, total), plain_torch_steps(model_dir, tokens, total, args.device)
             tx_times, torch_times, tx_cpu, torch_cpu, loads = [], [], [], [], []
             assert server.proc is not None
             for i in range(total):  # interleaved, so both see the same machine noise
@@ -146,6 +163,7 @@ def main() -> None:
     q = statistics.quantiles(latencies, n=10)
     print(json.dumps({
         "model_parameters": n_params,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "batch": [args.batch, args.seq_len],
         "lora_rank": 8,
         "steps": args.steps,
