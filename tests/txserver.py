@@ -56,8 +56,8 @@ class TxServer:
                                          start_new_session=True)
         try:
             wait_healthy("tx serve", f"{self.url}/api/v1/healthz", self.proc, timeout_s, self.log)
-        except TimeoutError:
-            self.stop()  # not left running behind a failed fixture
+        except BaseException:
+            self.stop()  # not left running behind a failed fixture, a timeout or a Ctrl-C
             raise
         return self
 
