@@ -7,7 +7,8 @@ does the class take LoRA, which platform is this. One rule comes from measuring 
 mixture-of-experts layer runs, once LoRA is enabled, Triton kernels that its CPU build does not have
 (the engine dies at the first sample), so an MoE model (one with fused expert tensors,
 `tx.models.lora_targets`) is refused on a CPU platform. docs/model-families.md lists what this gives per
-family.
+family. vLLM's answers are kept per installation (`support_cache`): a tx restarted on the same installation
+does not ask again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tx.inference.engines.vllm import support_cache
 from tx.models.lora_targets import structure_of
 from tx.types import UserError
 
@@ -71,17 +73,30 @@ def adapter_refused(exc: Exception) -> UserError:
 @functools.lru_cache(maxsize=32)
 def inspect(architectures: tuple[str, ...]) -> dict[str, dict]:
     """What vLLM says of each of `architectures`: {"platform", "lora"} or {"error"}. Asked in one child process
-    for all of them (importing vLLM's model code costs it ~10 s of CPU on a small CPU box), once per set."""
+    for those this installation has no answer for yet (importing vLLM's model code costs it ~10 s of CPU on a
+    small CPU box); vLLM's answers are kept per installation (`support_cache`)."""
+    key = support_cache.installation_key()
+    kept = support_cache.load(key)
+    missing = tuple(architecture for architecture in architectures if architecture not in kept)
+    if not missing:
+        return {architecture: kept[architecture] for architecture in architectures}
+    answers = _ask_vllm(missing)
+    if isinstance(answers, str):  # not kept: the next start asks again
+        return {architecture: kept.get(architecture) or {"error": answers} for architecture in architectures}
+    support_cache.save(key, answers)
+    return {architecture: kept.get(architecture) or answers[architecture] for architecture in architectures}
+
+
+def _ask_vllm(architectures: tuple[str, ...]) -> dict[str, dict] | str:
+    """vLLM's answers, from a child; why there are none if it timed out or answered nothing."""
     try:
         done = subprocess.run([sys.executable, "-m", __name__, *architectures], capture_output=True, text=True,
                               timeout=INSPECT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        why = f"vLLM's inspection of {', '.join(architectures)} took over {INSPECT_TIMEOUT_S:.0f} s"
-        return {architecture: {"error": why} for architecture in architectures}
+        return f"vLLM's inspection of {', '.join(architectures)} took over {INSPECT_TIMEOUT_S:.0f} s"
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        why = f"vLLM's inspection failed: {done.stderr.strip()[-500:]}"
-        return {architecture: {"error": why} for architecture in architectures}
+        return f"vLLM's inspection failed: {done.stderr.strip()[-500:]}"
     return json.loads(lines[-1])
 
 
