@@ -154,9 +154,10 @@ class FutureRegistry:
         """The future, once done or after `timeout_s` (check `.done`)."""
         future = self.get(request_id, owner)
         if not future.done:
-            try:
-                await asyncio.wait_for(future._done.wait(), timeout_s)
-            except asyncio.TimeoutError:
+            try:  # not wait_for: it wraps the wait in a task of its own, a loop turn more each way
+                async with asyncio.timeout(timeout_s):
+                    await future._done.wait()
+            except TimeoutError:
                 pass
         return future
 

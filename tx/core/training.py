@@ -69,7 +69,7 @@ class TrainingCalls:
         return fn()
 
     def forward_backward(self, owner: str, model_id: str, seq_id: int, batch: ForwardBackwardInput) -> Future:
-        run = self.sequencer.store.get_run(model_id, owner)
+        run = self.sequencer.run(model_id, owner)
         if batch.loss_fn == "custom":
             batch = self.custom_losses.attach(run.session_id, batch)
         kind = "Forward" if batch.forward_only else "ForwardBackward"
@@ -126,7 +126,7 @@ class TrainingCalls:
     def optim_step(self, owner: str, model_id: str, seq_id: int, params: OptimParams) -> Future:
         """A step of the run's optimizer; `params` of another optimizer are refused at submission."""
         params.validate()
-        run = self.sequencer.store.get_run(model_id, owner)
+        run = self.sequencer.run(model_id, owner)
         check_params_fit(optimizer_of_row(run), params)
 
         def step() -> OptimStepResult:
@@ -149,7 +149,7 @@ class TrainingCalls:
         source, _ = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
         if with_optimizer:
             saved = self.backend.read_state_optimizer(self.catalog.files.require(source))
-            mine = optimizer_of_row(self.sequencer.store.get_run(model_id, owner))
+            mine = optimizer_of_row(self.sequencer.run(model_id, owner))
             if saved != mine:
                 raise UserError(f"{source} holds {saved.kind} state; this run trains with {mine.kind}")
 

@@ -33,6 +33,18 @@ def test_a_token_names_its_keys_owner_until_it_expires() -> None:
     assert expired.headers == {"WWW-Authenticate": 'Bearer error="invalid_token"'}  # the SDK re-exchanges
 
 
+def test_a_token_checked_once_is_still_refused_once_it_expires() -> None:
+    """Checked tokens are remembered (no HMAC per request), but only until their `exp`."""
+    tokens = TokenIssuer(KEY, ttl_s=60)
+    checker = KeyChecker(["tml-a"], None, tokens)
+    token = tokens.issue(owner_of("tml-a"), now=time.time() - 58.5)  # expires 0.5-1.5 s from now
+    assert checker.principal(token).owner == checker.principal(token).owner == owner_of("tml-a")
+    expires = jwt.decode(token, KEY, algorithms=["HS256"], options={"verify_exp": False})["exp"]
+    time.sleep(max(0.0, expires - time.time()) + 0.05)
+    expired = refusal(checker, token)
+    assert expired.status_code == 401 and "expired" in expired.detail
+
+
 def test_forged_and_foreign_tokens_are_refused() -> None:
     tokens = TokenIssuer(KEY, ttl_s=60)
     checker = KeyChecker([], None, tokens)

@@ -21,12 +21,14 @@ from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
 from tx.optimizers import AdamParams
 from tx.store.store import Store
+from tx.store.tables import TrainingRunRow
 from tx.types import Datum as DomainDatum
 from tx.types import (
     ErrorCategory,
     ForwardBackwardInput,
     LoraConfig,
     ModelInput,
+    NotFoundError,
     ProvenanceSpan,
     SampledSequence,
     StopReason,
@@ -164,6 +166,39 @@ def test_another_owner_cannot_free_a_seq_id(tmp_path: Path) -> None:
         core.service.sequencer.reject("someone-else", model, 1)
         late = core.forward_backward(model, 2)
         assert not (await core.futures.wait(late.request_id, OWNER, 0.3)).done  # still waits for seq 1
+
+    run(tmp_path, scenario)
+
+
+def test_a_runs_row_is_read_once_and_still_refused_to_another_owner(tmp_path: Path) -> None:
+    """The training path reads a run's row from the store once (it was ~0.4 ms of ORM per call); after that,
+    another key's calls on the run are refused as before (404, the run not even named as existing) and may
+    not free its seq_ids, and an unknown run is still a 404."""
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        reads: list[str] = []
+        get_run = core.store.get_run
+
+        def counted(run_id: str, owner: str) -> TrainingRunRow:
+            reads.append(run_id)
+            return get_run(run_id, owner)
+
+        core.store.get_run = counted  # type: ignore[method-assign]
+        await core.done(core.forward_backward(model, 1))
+        await core.done(core.service.training.optim_step(OWNER, model, 2, AdamParams(learning_rate=0.1)))
+        await core.done(core.forward_backward(model, 3))
+        assert reads == [model]
+        datum = DomainDatum(ModelInput.from_tokens((1, 2)), {"target_tokens": np.array([2, 0])})
+        batch = ForwardBackwardInput([datum], "cross_entropy")
+        with pytest.raises(NotFoundError, match=f"training run {model!r} not found"):
+            core.service.training.forward_backward("someone-else", model, 4, batch)
+        with pytest.raises(NotFoundError, match="not found"):
+            core.service.training.optim_step("someone-else", model, 4, AdamParams(learning_rate=0.1))
+        core.service.sequencer.reject("someone-else", model, 4)
+        late = core.forward_backward(model, 5)
+        assert not (await core.futures.wait(late.request_id, OWNER, 0.3)).done  # still waits for seq 4
+        with pytest.raises(NotFoundError, match="not found"):
+            core.forward_backward(model + "-unknown", 1)
 
     run(tmp_path, scenario)
 

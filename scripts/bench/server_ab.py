@@ -1,0 +1,123 @@
+"""Two (or more) `tx serve` trees on the peer step, alternating step by step in one run: an A/B of server code.
+
+Each side is a source tree (a git worktree: main's, a branch's) run as its own `tx serve` on the same tiny Qwen3
+(peer.py's workload: 8 x 64 tokens, LoRA rank 8, forward_backward + optim_step sent, then both awaited); the
+client takes one step on each side in turn, so load drifts on a shared machine hit every side alike. Prints
+JSON: each side's median, p25 and min step, the server's CPU per step, split by thread (named from `py-spy
+dump` when py-spy is installed: the training thread, its OpenMP worker, the event loop `MainThread`, the AnyIO
+worker that decodes and queues, the metrics recorder), and the load average before and after.
+
+    python scripts/bench/server_ab.py --side main=/work/main --side branch=. [--steps 80] [--warmup 5]
+
+A side may set environment variables for its server: `--side name=tree,VAR:value,...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import tinker
+from tinker import types
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer import batch, shared_model  # noqa: E402
+from txserver import API_KEY, TxServer  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def parse_side(spec: str) -> tuple[str, dict[str, str]]:
+    name, _, rest = spec.partition("=")
+    tree, *variables = rest.split(",")
+    env = {"PYTHONPATH": str(Path(tree).resolve())}
+    env.update(dict(v.split(":", 1) for v in variables))
+    return name, env
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of `pid`, by thread id."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def thread_names(pid: int) -> dict[str, str]:
+    """Thread id -> Python thread name, from `py-spy dump` (empty without py-spy)."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {}
+    dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
+    return {str(int(m.group(1), 0)): m.group(2) for m in re.finditer(r'Thread (\S+) \(\w+\): "([^"]+)"', dump)}
+
+
+def steps(url: str, model_dir: Path) -> Iterator[float]:
+    client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
+    tc = client.create_lora_training_client(str(model_dir), rank=8, seed=0).result()
+    data, adam = batch(), types.AdamParams(learning_rate=1e-4)
+    while True:
+        start = time.perf_counter()
+        fb, opt = tc.forward_backward(data, "cross_entropy"), tc.optim_step(adam)
+        fb.result()
+        opt.result()
+        yield time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--side", action="append", required=True, help="name=tree[,VAR:value...]")
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--warmup", type=int, default=5)
+    opts = parser.parse_args()
+    sides = dict(parse_side(spec) for spec in opts.side)
+    tmp = Path(tempfile.mkdtemp(prefix="tx-bench-ab-"))
+    model_dir = shared_model(tmp / "model")
+    with ExitStack() as stack:
+        runs, pids = {}, {}
+        for name, env in sides.items():
+            server = stack.enter_context(TxServer(tmp / name, args=["--base-model", str(model_dir)], env=env))
+            runs[name], pids[name] = steps(server.url, model_dir), server.proc.pid if server.proc else 0
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        load_start = [round(x, 2) for x in os.getloadavg()]
+        cpu_start: dict[str, dict[str, float]] = {}
+        for index in range(opts.warmup + opts.steps):
+            if index == opts.warmup:
+                cpu_start = {name: thread_cpu_s(pid) for name, pid in pids.items()}
+            for name, run in runs.items():
+                seconds = next(run)
+                if index >= opts.warmup:
+                    times[name].append(seconds)
+        report: dict = {"steps": opts.steps, "load_average_start": load_start}
+        for name, pid in pids.items():
+            before, names = cpu_start[name], thread_names(pid)
+            used = {tid: (s - before.get(tid, 0.0)) * 1e3 / opts.steps for tid, s in thread_cpu_s(pid).items()}
+            busiest = sorted(((names.get(t, t), ms) for t, ms in used.items() if ms > 0), key=lambda x: -x[1])
+            t = times[name]
+            report[name] = {"median_ms": round(1e3 * statistics.median(t), 2),
+                            "p25_ms": round(1e3 * statistics.quantiles(t, n=4)[0], 2),
+                            "min_ms": round(1e3 * min(t), 2),
+                            "server_cpu_ms_per_step": round(sum(used.values()), 2),
+                            "threads_cpu_ms_per_step": {n: round(ms, 2) for n, ms in busiest[:6]}}
+        report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
