@@ -33,8 +33,8 @@ from tinker import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import batch, shared_model  # noqa: E402
-from txserver import API_KEY, TxServer  # noqa: E402
+from peer import batch, shared_model
+from txserver import API_KEY, TxServer
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -64,7 +64,7 @@ def thread_names(pid: int) -> dict[str, str]:
     spy = shutil.which("py-spy")
     if spy is None:
         return {}
-    dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True).stdout
+    dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, check=False).stdout
     return {str(int(m.group(1), 0)): m.group(2) for m in re.finditer(r'Thread (\S+) \(\w+\): "([^"]+)"', dump)}
 
 
@@ -89,6 +89,7 @@ def main() -> None:
     sides = dict(parse_side(spec) for spec in opts.side)
     tmp = Path(tempfile.mkdtemp(prefix="tx-bench-ab-"))
     model_dir = shared_model(tmp / "model")
+    os.chdir(tmp)  # `python -m tx.cli` puts its working directory first on sys.path, before each side's tree
     with ExitStack() as stack:
         runs, pids = {}, {}
         for name, env in sides.items():
