@@ -33,6 +33,7 @@ from tx.types import NotFoundError, UserError
 Lease = Callable[[], AbstractContextManager[Any]]  # held around a training pass (the engines' colocation)
 TOUCH_EVERY_S = 1.0  # a run's last_request_time is written at most this often (seconds), by this process
 MAX_RUN_ROWS = 4096  # run rows kept by `Sequencer.run`; past it the copies start over
+TOUCH_MARGIN_S = 0.1  # `queues_in_memory` says no when a last_request_time write falls due within this
 
 
 class Sequencer:
@@ -58,6 +59,16 @@ class Sequencer:
         elif row.owner != owner:
             raise NotFoundError(f"training run {model_id!r} not found")
         return row
+
+    def queues_in_memory(self, model_id: str) -> bool:
+        """Whether a call on `model_id` would be checked and queued without the store: its row is kept (`run`)
+        and no write of its last_request_time falls due within `TOUCH_MARGIN_S`. The routes then queue it on
+        the event loop instead of through a worker thread (a thread hop per call, taking the GIL from the pass).
+        Any other owner's call is still refused by `run`; a call that takes longer than the margin to queue
+        writes on the loop once, which costs time, not correctness."""
+        touched = self._touched.get(model_id)
+        return (model_id in self._rows and touched is not None
+                and time.monotonic() - touched < self.touch_every_s - TOUCH_MARGIN_S)
 
     def submit(self, owner: str, model_id: str, seq_id: int, kind: str, fn: Callable[[], Any],
                lease: Lease | None = None, check: Callable[[], None] | None = None, *,

@@ -203,6 +203,26 @@ def test_a_runs_row_is_read_once_and_still_refused_to_another_owner(tmp_path: Pa
     run(tmp_path, scenario)
 
 
+def test_a_call_queues_in_memory_only_while_it_needs_no_store(tmp_path: Path) -> None:
+    """optim_step's route queues on the event loop (no thread hop) only when the call needs no store: the run's
+    row kept and no last_request_time write due within the margin; otherwise it goes through a worker thread."""
+    async def scenario(core: Core) -> None:
+        model = await core.new_model()
+        sequencer = core.service.sequencer
+        sequencer.touch_every_s = 0.5
+        assert not sequencer.queues_in_memory(model)  # its row not read yet
+        await core.done(core.forward_backward(model, 1))
+        assert sequencer.queues_in_memory(model)  # row kept, last_request_time just written
+        assert not sequencer.queues_in_memory(model + "-other")
+        await asyncio.sleep(0.45)  # within TOUCH_MARGIN_S of the next write
+        assert not sequencer.queues_in_memory(model)
+        await asyncio.sleep(0.1)  # the write is due: the next call (in a worker thread, by the route) makes it
+        await core.done(core.service.training.optim_step(OWNER, model, 2, AdamParams(learning_rate=0.1)))
+        assert sequencer.queues_in_memory(model)
+
+    run(tmp_path, scenario)
+
+
 def test_a_gap_is_skipped_after_the_timeout_and_the_late_call_fails(tmp_path: Path) -> None:
     async def scenario(core: Core) -> None:
         model = await core.new_model()

@@ -108,7 +108,10 @@ async def optim_step(body: OptimStepRequest, ctx: Ctx, caller: Caller) -> Untype
     seq_id = require_seq(body.seq_id)
     async with uses_seq(ctx, caller.owner, body.model_id, seq_id):
         params = optim_step_params_to_domain(body)
-        future = await asyncio.to_thread(ctx.training.optim_step, caller.owner, body.model_id, seq_id, params)
+        if ctx.sequencer.queues_in_memory(body.model_id):  # no store read or write: queued here, no thread hop
+            future = ctx.training.optim_step(caller.owner, body.model_id, seq_id, params)
+        else:
+            future = await asyncio.to_thread(ctx.training.optim_step, caller.owner, body.model_id, seq_id, params)
     return _answer(future, body.model_id)
 
 
