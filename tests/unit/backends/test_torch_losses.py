@@ -139,7 +139,11 @@ def _check_against_hand(backend, seqs, data, name, config, hand):
     equivalent = [datum(s[:-1], target_tokens=s[1:], weights=h[1]) for s, h in zip(seqs, hand)]
     backend.forward_backward("m", ce(equivalent))
     for key, want in grads(backend, "m").items():
-        torch.testing.assert_close(rl_grads[key], want, rtol=1e-3, atol=1e-6)
+        # two float32 passes whose per-token weights differ by float32 rounding (the loss's autograd against the
+        # hand's float64 values): their gradients differ by up to ~3e-6 of the tensor's scale, more than 1e-6
+        # on an element that sums to near zero; one token's weight off by 1% fails every case here
+        atol = max(1e-6, 1e-5 * float(want.abs().max()))
+        torch.testing.assert_close(rl_grads[key], want, rtol=1e-3, atol=atol)
     return result
 
 
