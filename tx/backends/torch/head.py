@@ -51,19 +51,30 @@ class LeanHead:
 
 def lean_head(unembedding: torch.nn.Module) -> Head:
     """A `LeanHead` for `unembedding` when its forward is a single plain LoRA (module docstring), else itself."""
-    if not isinstance(unembedding, LoraLinear) or _hooked(unembedding):
-        return unembedding
-    layer = unembedding
-    if layer.disable_adapters or layer.merged or layer.fan_in_fan_out:
-        return unembedding
-    active = [name for name in layer.active_adapters if name in layer.lora_A]
-    if len(active) != 1 or active[0] in layer.lora_variant:
-        return unembedding
-    name = active[0]
+    lean = plain_lora(unembedding)
+    return unembedding if lean is None else lean
+
+
+def plain_lora(module: torch.nn.Module) -> LeanHead | None:
+    """`module`'s one active adapter as a `LeanHead` when PEFT's forward is exactly base + scaled B(A(x)) (the
+    module docstring's conditions), else None. The body's LoRA layers take it too (`lean_body.py`)."""
+    if not isinstance(module, LoraLinear) or _hooked(module):
+        return None
+    active = [name for name in module.active_adapters if name in module.lora_A]
+    return plain_adapter(module, active[0]) if len(active) == 1 else None
+
+
+def plain_adapter(layer: LoraLinear, name: str) -> LeanHead | None:
+    """Adapter `name` of `layer` as a `LeanHead` when it is a plain LoRA on a plain `Linear` (module docstring;
+    the layer's own hooks are the caller's to check), else None."""
+    if layer.disable_adapters or layer.merged or layer.fan_in_fan_out or name in layer.lora_variant:
+        return None
+    if name not in layer.lora_A:
+        return None
     base, lora_a, lora_b = layer.base_layer, layer.lora_A[name], layer.lora_B[name]
     if not (type(layer.lora_dropout[name]) is torch.nn.Identity and plain_linear(base)
             and plain_linear(lora_a) and plain_linear(lora_b) and lora_a.bias is None and lora_b.bias is None):
-        return unembedding
+        return None
     assert isinstance(base, torch.nn.Linear) and isinstance(lora_a, torch.nn.Linear)
     assert isinstance(lora_b, torch.nn.Linear)
     return LeanHead(layer, base, lora_a, lora_b, float(layer.scaling[name]))

@@ -3,7 +3,8 @@ and every LoRA layer applies to a block only its run's adapter (`segmented`).
 
 - A LoRA `Linear` (attention, MLPs, linear attention, MLA projections) runs its base layer ONCE on all rows, then
   each run's low-rank update on its own rows, added to that block's base output as PEFT adds one adapter's; the
-  blocks are joined again with one concatenation.
+  blocks are joined again with one concatenation. In float32 with plain LoRA adapters, each block instead runs
+  through the one-node layer a run alone takes (`lean_body.lean_output`), so its rows round as alone.
 - Any other LoRA layer (PEFT's `ParamWrapper` on fused MoE experts, whose delta is folded into the weight) runs
   once per block with that block's adapter active: the same work as each run alone, the base weights shared.
 - A layer's input is cut by its leading dimension: the rows, or the rows' tokens flattened (MoE experts see
@@ -27,6 +28,9 @@ from typing import Any, cast
 import torch
 from peft.tuners.lora.layer import Linear as LoraLinear
 from peft.tuners.lora.layer import LoraLayer
+
+from tx.backends.torch.head import plain_adapter
+from tx.backends.torch.lean_body import lean_output
 
 
 class SegmentsUnsupported(RuntimeError):
@@ -112,13 +116,18 @@ def _forward(layer: torch.nn.Module, original: Callable[..., torch.Tensor], stat
 def _linear(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]], args: tuple,
             kwargs: dict[str, Any]) -> torch.Tensor:
     """PEFT's `Linear.forward` for one adapter, each block's own: the base once, the low-rank updates per block.
+    Where every block's adapter is a plain LoRA in float32, each block runs instead through the node a run alone
+    takes (`lean_body.lean_output`: its rows then round as alone).
 
     Blocks are cut with `split` (its backward is one concatenation; slicing each block would zero-fill a
     whole-batch gradient per block) and joined with one `cat`."""
+    sizes = [stop - start for _, start, stop in spans]
+    lean = _lean_blocks(layer, x, spans, args, kwargs)
+    if lean is not None:
+        return torch.cat(lean)
     result = layer.base_layer(x, *args, **kwargs)
     if not any(adapter in layer.lora_A for adapter, _, _ in spans):
         return result
-    sizes = [stop - start for _, start, stop in spans]
     outputs = []
     for (adapter, _, _), rows, base in zip(spans, x.split(sizes), result.split(sizes), strict=True):
         if adapter not in layer.lora_A:
@@ -128,6 +137,25 @@ def _linear(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]
         rows = layer._cast_input_dtype(rows, cast(torch.Tensor, lora_a.weight).dtype)
         outputs.append(base + lora_b(lora_a(layer.lora_dropout[adapter](rows))) * layer.scaling[adapter])
     return torch.cat([out.to(result.dtype) for out in outputs])
+
+
+def _lean_blocks(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]], args: tuple,
+                 kwargs: dict[str, Any]) -> list[torch.Tensor] | None:
+    """Each block's output as alone: through `lean_output` where its adapter is on `layer`, the base layer where
+    it is not; None unless every block's adapter there takes `lean_output`."""
+    if args or kwargs or layer._forward_hooks or layer._forward_pre_hooks or x.dtype != torch.float32:
+        return None
+    outputs = []
+    for (adapter, _, _), rows in zip(spans, x.split([stop - start for _, start, stop in spans]), strict=True):
+        if adapter not in layer.lora_A:
+            outputs.append(layer.base_layer(rows))
+            continue
+        lean = plain_adapter(layer, adapter)
+        out = None if lean is None else lean_output(lean, rows)
+        if out is None:
+            return None
+        outputs.append(out)
+    return outputs
 
 
 def _per_block(layer: torch.nn.Module, original: Callable[..., torch.Tensor], state: _Pass, x: torch.Tensor,

@@ -16,6 +16,7 @@ import torch
 from tx.backends.losses import LossFn
 from tx.backends.torch.batch import MicroBatch
 from tx.backends.torch.head import Head, lean_head
+from tx.backends.torch.lean_body import lean_linears
 from tx.backends.torch.logprobs import chunk_positions, per_token_backward, target_logprobs
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.ops import TORCH_OPS
@@ -51,7 +52,7 @@ def run_micro_batch(
 
     With `custom` (an uploaded loss), it replaces `loss_fn` and runs on each datum's logprobs."""
     host.activate(adapter)
-    with torch.no_grad() if forward_only else torch.enable_grad():
+    with torch.no_grad() if forward_only else torch.enable_grad(), lean_linears(host.peft_model, host.unembedding):
         hidden = host.hidden_states(
             micro.input_ids,
             position_ids=micro.position_ids,
