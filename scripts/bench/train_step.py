@@ -136,7 +136,8 @@ def main() -> None:
         try:
             client = tinker.ServiceClient(base_url=server.url, api_key=API_KEY)
             tc = client.create_lora_training_client(str(model_dir), rank=8, seed=0).result()
-            tokens = make_batch(args.batch, args.seq_len, 8000)  # every vocabulary here is above 8,000
+            vocab = json.loads((model_dir / "config.json").read_text()).get("vocab_size", 8000)
+            tokens = make_batch(args.batch, args.seq_len, min(8000, vocab))  # the tiny presets' is 2,048
             total = args.warmup + args.steps
             tx_iter, torch_iter = tx_steps(tc, tokens, total), plain_torch_steps(model_dir, tokens, total, args.device)
             tx_times, torch_times, tx_cpu, torch_cpu, loads = [], [], [], [], []
