@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -53,6 +55,30 @@ def randomize(backend, model_id: str, seed: int, scale: float = 0.05) -> None:
     with torch.no_grad():
         for _, tensor in backend.iter_trainable_weights(model_id):
             tensor.copy_(torch.randn(tensor.shape, generator=gen) * scale)
+
+
+def peft_pass(backend, batch: ForwardBackwardInput, lora) -> tuple[Any, dict[str, torch.Tensor | None], set[int]]:
+    """One fresh run's forward_backward on randomized LoRA weights: its result, its gradients, and the ids of the
+    LoRA Linear modules whose own (PEFT's) forward ran, to tell where tx's lean paths were taken."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    backend.create_model("m", TINY_NAME, lora)
+    randomize(backend, "m", seed=3)  # B nonzero: every LoRA layer counts
+    called: set[int] = set()
+    original = LoraLinear.forward
+
+    def spy(self, x, *args, **kwargs):
+        called.add(id(self))
+        return original(self, x, *args, **kwargs)
+
+    LoraLinear.forward = spy
+    try:
+        result = backend.forward_backward("m", batch)
+    finally:
+        LoraLinear.forward = original
+    out = result, grads(backend, "m"), called
+    backend.delete_model("m")
+    return out
 
 
 def train(backend, model_id: str, data: list[Datum], steps: int, lr: float = 5e-3) -> list[float]:

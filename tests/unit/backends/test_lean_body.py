@@ -11,7 +11,7 @@ import numpy as np
 import peft
 import pytest
 import torch
-from backend_helpers import TINY_NAME, datum, grads, randomize, sequences
+from backend_helpers import TINY_NAME, datum, peft_pass, randomize, sequences
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 import tx.backends.torch.segments as segments
@@ -31,24 +31,8 @@ def _batch(loss_fn: str, forward_only: bool = False) -> ForwardBackwardInput:
 
 def _pass(backend, batch: ForwardBackwardInput, lora: LoraConfig):
     """One fresh run's result and gradients, and how many body LoRA layers ran PEFT's forward."""
-    backend.create_model("m", TINY_NAME, lora)
-    randomize(backend, "m", seed=3)
-    head = backend._hosts[TINY_NAME].unembedding
-    called: set[int] = set()
-    original = LoraLinear.forward
-
-    def spy(self, x, *args, **kwargs):
-        called.add(id(self))
-        return original(self, x, *args, **kwargs)
-
-    LoraLinear.forward = spy
-    try:
-        result = backend.forward_backward("m", batch)
-    finally:
-        LoraLinear.forward = original
-    out = result, grads(backend, "m"), len(called - {id(head)})
-    backend.delete_model("m")
-    return out
+    result, gradients, called = peft_pass(backend, batch, lora)
+    return result, gradients, len(called - {id(backend._hosts[TINY_NAME].unembedding)})
 
 
 @pytest.mark.parametrize(("loss_fn", "forward_only"), [("cross_entropy", False), ("ppo", False),

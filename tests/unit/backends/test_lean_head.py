@@ -8,7 +8,7 @@ import numpy as np
 import peft
 import pytest
 import torch
-from backend_helpers import TINY_NAME, datum, grads, randomize, sequences
+from backend_helpers import TINY_NAME, datum, peft_pass, sequences
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 import tx.backends.torch.step as step
@@ -30,25 +30,9 @@ def _batch(loss_fn: str, forward_only: bool = False) -> ForwardBackwardInput:
 
 
 def _pass(backend, batch: ForwardBackwardInput, lora: LoraConfig):
-    """One fresh run's result and gradients, and the LoRA Linear modules PEFT's forward ran on."""
-    backend.create_model("m", TINY_NAME, lora)
-    randomize(backend, "m", seed=3)  # B nonzero: the head's LoRA counts
-    called: set[int] = set()
-    original = LoraLinear.forward
-
-    def spy(self, x, *args, **kwargs):
-        called.add(id(self))
-        return original(self, x, *args, **kwargs)
-
-    LoraLinear.forward = spy
-    try:
-        result = backend.forward_backward("m", batch)
-    finally:
-        LoraLinear.forward = original
-    head = backend._hosts[TINY_NAME].unembedding
-    out = result, grads(backend, "m"), id(head) in called
-    backend.delete_model("m")
-    return out
+    """One fresh run's result and gradients, and whether PEFT's forward ran on the head."""
+    result, gradients, called = peft_pass(backend, batch, lora)
+    return result, gradients, id(backend._hosts[TINY_NAME].unembedding) in called
 
 
 @pytest.mark.parametrize(
