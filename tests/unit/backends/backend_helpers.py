@@ -81,6 +81,22 @@ def peft_pass(backend, batch: ForwardBackwardInput, lora) -> tuple[Any, dict[str
     return out
 
 
+def make_unplain(model, layer, case: str, target: str) -> None:
+    """Make `layer` (a PEFT LoRA Linear on `target` of `model`) other than plain LoRA, in the way `case` names:
+    "two adapters" active, "hooked", "merged" or "disabled" (dropout and DoRA are set in the config instead)."""
+    import peft
+
+    if case == "two adapters":
+        model.add_adapter("other", peft.LoraConfig(r=2, target_modules=[target]))
+        model.base_model.set_adapter(["default", "other"])
+    elif case == "hooked":
+        layer.register_forward_hook(lambda *_: None)
+    elif case == "merged":
+        layer.merge()
+    elif case == "disabled":
+        layer.enable_adapters(False)
+
+
 def train(backend, model_id: str, data: list[Datum], steps: int, lr: float = 5e-3) -> list[float]:
     """`steps` forward_backward + optim_step rounds; the loss of each round."""
     losses = []

@@ -11,7 +11,7 @@ import numpy as np
 import peft
 import pytest
 import torch
-from backend_helpers import TINY_NAME, datum, peft_pass, randomize, sequences
+from backend_helpers import TINY_NAME, datum, make_unplain, peft_pass, randomize, sequences
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 import tx.backends.torch.segments as segments
@@ -117,15 +117,7 @@ def test_lean_layer_is_pefts_forward_and_backward():
 def test_other_layers_keep_pefts_forward(case):
     model = _model(lora_dropout=0.1 if case == "dropout" else 0.0, use_dora=case == "dora")
     layer = _layer(model)
-    if case == "two adapters":
-        model.add_adapter("other", peft.LoraConfig(r=2, target_modules=["proj"]))
-        model.base_model.set_adapter(["default", "other"])
-    elif case == "hooked":
-        layer.register_forward_hook(lambda *_: None)
-    elif case == "merged":
-        layer.merge()
-    elif case == "disabled":
-        layer.enable_adapters(False)
+    make_unplain(model, layer, case, "proj")
     with lean_linears(model, skip=_layer(model, "lm_head")) as count:
         assert count == 0
         assert "forward" not in vars(layer)

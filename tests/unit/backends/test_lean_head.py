@@ -8,7 +8,7 @@ import numpy as np
 import peft
 import pytest
 import torch
-from backend_helpers import TINY_NAME, datum, peft_pass, sequences
+from backend_helpers import TINY_NAME, datum, make_unplain, peft_pass, sequences
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 import tx.backends.torch.step as step
@@ -93,14 +93,6 @@ def test_lean_head_is_pefts_forward_on_a_plain_lora():
 def test_other_heads_fall_back_to_the_module(case):
     model = _lora_head(lora_dropout=0.1 if case == "dropout" else 0.0, use_dora=case == "dora")
     head = _head(model)
-    if case == "two adapters":
-        model.add_adapter("other", peft.LoraConfig(r=2, target_modules=["lm_head"]))
-        model.base_model.set_adapter(["default", "other"])
-    elif case == "hooked":
-        head.register_forward_hook(lambda *_: None)
-    elif case == "merged":
-        head.merge()
-    elif case == "disabled":
-        head.enable_adapters(False)
+    make_unplain(model, head, case, "lm_head")
     module = head.base_layer if case == "not lora" else head
     assert lean_head(module) is module
