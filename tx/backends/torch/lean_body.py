@@ -42,7 +42,7 @@ def lean_linears(model: torch.nn.Module, skip: torch.nn.Module | None = None) ->
     for module in model.modules():
         if isinstance(module, LoraLinear) and id(module) not in skipped:
             lean = plain_lora(module)
-            if lean is not None:
+            if lean is not None and _may_take(lean):  # else PEFT's forward, with no wrapper in between
                 setattr(module, "forward", functools.partial(_forward, lean))  # the instance's wins
                 patched.append(module)
     try:
@@ -50,6 +50,14 @@ def lean_linears(model: torch.nn.Module, skip: torch.nn.Module | None = None) ->
     finally:
         for module in patched:
             delattr(module, "forward")
+
+
+def _may_take(lean: LeanHead) -> bool:
+    """Whether `lean_output` can take `lean`'s layer on some input: float32 weights and a frozen base (a bfloat16
+    base on a GPU never can, so its layers are left as they are)."""
+    base = lean.base
+    weights = (base.weight, lean.lora_a.weight, lean.lora_b.weight) + (() if base.bias is None else (base.bias,))
+    return all(w.dtype == torch.float32 for w in weights) and not any(p.requires_grad for p in base.parameters())
 
 
 def lean_output(lean: LeanHead, x: torch.Tensor) -> torch.Tensor | None:

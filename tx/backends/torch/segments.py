@@ -122,7 +122,7 @@ def _linear(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]
     Blocks are cut with `split` (its backward is one concatenation; slicing each block would zero-fill a
     whole-batch gradient per block) and joined with one `cat`."""
     sizes = [stop - start for _, start, stop in spans]
-    lean = _lean_blocks(layer, x, spans, args, kwargs)
+    lean = _lean_blocks(layer, x, spans, sizes, args, kwargs)
     if lean is not None:
         return torch.cat(lean)
     result = layer.base_layer(x, *args, **kwargs)
@@ -139,21 +139,20 @@ def _linear(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]
     return torch.cat([out.to(result.dtype) for out in outputs])
 
 
-def _lean_blocks(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]], args: tuple,
-                 kwargs: dict[str, Any]) -> list[torch.Tensor] | None:
+def _lean_blocks(layer: LoraLinear, x: torch.Tensor, spans: list[tuple[str, int, int]], sizes: list[int],
+                 args: tuple, kwargs: dict[str, Any]) -> list[torch.Tensor] | None:
     """Each block's output as alone: through `lean_output` where its adapter is on `layer`, the base layer where
-    it is not; None unless every block's adapter there takes `lean_output`."""
+    it is not; None unless every block's adapter there is a plain LoRA (checked before any block runs)."""
     if args or kwargs or layer._forward_hooks or layer._forward_pre_hooks or x.dtype != torch.float32:
         return None
+    leans = [plain_adapter(layer, adapter) if adapter in layer.lora_A else None for adapter, _, _ in spans]
+    if any(lean is None and adapter in layer.lora_A for lean, (adapter, _, _) in zip(leans, spans, strict=True)):
+        return None
     outputs = []
-    for (adapter, _, _), rows in zip(spans, x.split([stop - start for _, start, stop in spans]), strict=True):
-        if adapter not in layer.lora_A:
-            outputs.append(layer.base_layer(rows))
-            continue
-        lean = plain_adapter(layer, adapter)
-        out = None if lean is None else lean_output(lean, rows)
+    for lean, rows in zip(leans, x.split(sizes), strict=True):
+        out = layer.base_layer(rows) if lean is None else lean_output(lean, rows)
         if out is None:
-            return None
+            return None  # weights lean_output does not take (another dtype, a trained base): the same for every block
         outputs.append(out)
     return outputs
 
