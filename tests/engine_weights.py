@@ -67,14 +67,34 @@ def random_adapter(reference, seed: int, r: int, lora_alpha: float, targets: lis
 
 
 def assert_update_reaches_a_running_request(engine, sender, reference, lora: dict, targets: list[str],
-                                            prompt: list[int], max_tokens: int = 384) -> None:
+                                            prompt: list[int], max_tokens: int = 384, tries: int = 3) -> None:
     """An adapter updated in place (the same name pushed again) while a long greedy request generates with it:
     the request is not aborted (it runs to max_tokens), starts as the old weights' greedy sequence and ends
-    otherwise; requests after the update run on the new weights."""
+    otherwise; requests after the update run on the new weights.
+
+    The engine is paused (mode "keep") while the update lands. A request that is wholly the old weights' or
+    the new weights' sequence proves nothing: on a loaded machine it may have ended before the pause or not
+    have begun. It is run again, twice as long, up to `tries` times.
+    The adapters "live" and "fresh" are deleted whatever happens."""
     _, old = random_adapter(reference, 11, r=lora["r"], lora_alpha=lora["lora_alpha"], targets=targets)
     _, new = random_adapter(reference, 12, r=lora["r"], lora_alpha=lora["lora_alpha"], targets=targets)
+    try:
+        push(engine, sender, new, adapter="fresh", lora=lora)
+        for attempt in range(tries):
+            if _update_lands_in_a_running_request(engine, sender, old, new, lora, prompt, max_tokens << attempt):
+                return
+        raise AssertionError(f"no request of {tries} (up to {max_tokens << (tries - 1)} tokens) took the update "
+                             "midway: each was wholly the old weights' or the new weights' sequence")
+    finally:
+        for name in ("live", "fresh"):
+            if name in engine.health()["adapters"]:
+                engine.http.delete(f"/adapters/{name}")
+
+
+def _update_lands_in_a_running_request(engine, sender, old, new, lora: dict, prompt: list[int],
+                                       max_tokens: int) -> bool:
+    """One try of `assert_update_reaches_a_running_request`; False when it proves nothing."""
     push(engine, sender, old, adapter="live", lora=lora)
-    push(engine, sender, new, adapter="fresh", lora=lora)
     body = dict(prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0.0, stop_at_eos=False)
     before = engine.generate(**body, adapter="live")["sequences"][0]["token_ids"]
     after = engine.generate(**body, adapter="fresh")["sequences"][0]["token_ids"]
@@ -84,10 +104,18 @@ def assert_update_reaches_a_running_request(engine, sender, reference, lora: dic
         deadline = time.monotonic() + 30
         while engine.health()["num_running"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.05)  # a few decode steps on the old weights
-        push(engine, sender, new, adapter="live", lora=lora)
+        time.sleep(0.2)  # num_running counts from the engine server's side: let the request reach the model
+        engine.post("/pause", {"mode": "keep"})  # the request holds still while the update lands, as in training
+        try:
+            time.sleep(1)  # as a training pass would: the engine settles into the pause
+            push(engine, sender, new, adapter="live", lora=lora)
+        finally:
+            engine.post("/resume")
         (seq,) = running.result(timeout=120)["sequences"]
     assert seq["stop_reason"] == "length" and len(seq["token_ids"]) == max_tokens, seq["stop_reason"]
     tokens = seq["token_ids"]
-    assert tokens[:1] == before[:1] and tokens != before, "began on the old weights, then took the new ones"
+    if tokens in (before, after):
+        return False
+    assert tokens[:1] == before[:1], "began on the old weights, then took the new ones"
     assert engine.generate(**body, adapter="live")["sequences"][0]["token_ids"] == after
+    return True

@@ -177,6 +177,14 @@ def sender(vllm_engine):
     yield from gloo_sender(vllm_engine)
 
 
+@pytest.fixture(autouse=True)
+def no_adapter_left(vllm_engine):
+    """Every test starts with no adapter loaded: one that failed midway must not fill the next one's slots."""
+    yield
+    for name in vllm_engine.health()["adapters"]:
+        vllm_engine.http.delete(f"/adapters/{name}")
+
+
 def test_lora_adapter_over_gloo_matches_peft(vllm_engine, sender, reference_model):
     model, named = random_adapter(reference_model, seed=1, r=4, lora_alpha=8, targets=TARGETS)
     assert push(vllm_engine, sender, named, adapter="a1", lora=LORA)["num_tensors"] == len(named)
@@ -221,8 +229,6 @@ def test_lora_adapter_over_gloo_matches_peft(vllm_engine, sender, reference_mode
 def test_an_adapter_updated_in_place_reaches_a_running_request(vllm_engine, sender, reference_model):
     """vLLM reloads the adapter in place (`load_inplace`): the running request keeps its adapter id."""
     assert_update_reaches_a_running_request(vllm_engine, sender, reference_model, LORA, TARGETS, PROMPT)
-    for name in ("live", "fresh"):
-        vllm_engine.http.delete(f"/adapters/{name}")
 
 
 def test_jax_backend_sampler_weights_load_and_sample(vllm_engine, sender, tiny_model_dir, tmp_path):

@@ -60,8 +60,6 @@ def test_lora_adapters_match_peft(engine, sender, reference_model):
 def test_an_adapter_updated_in_place_reaches_a_running_request(engine, sender, reference_model):
     assert_update_reaches_a_running_request(engine, sender, reference_model, {"r": 4, "lora_alpha": 8,
                                             "target_modules": TARGETS}, TARGETS, PROMPT)
-    engine.http.delete("/adapters/live")
-    engine.http.delete("/adapters/fresh")
 
 
 def test_full_weights_push(engine, sender, reference_model):
