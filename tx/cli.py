@@ -70,6 +70,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-training-wait-s", type=float,
                    help="a colocated training pass waits this long for in-flight samples, then pauses them (5)")
     p.add_argument("--engine-max-adapters", type=int, help="weight versions an engine keeps loaded (default 8)")
+    p.add_argument("--engine-max-lora-rank", type=int,
+                   help="the largest LoRA rank tx's vLLM engines take (vLLM --max-lora-rank; default 32)")
     p.add_argument(
         "--engine-standby", action=argparse.BooleanOptionalAction, default=None,
         help="start an embedded engine process with the server, imports done, no model (default: on)",

@@ -90,6 +90,23 @@ def test_every_sampling_option_matches_the_trainer(client: tinker.ServiceClient)
     assert_options_match_the_trainer(tc, tc.save_weights_and_get_sampling_client().result(), prompt)
 
 
+def test_a_rank_over_the_engines_largest_is_refused_and_others_still_sample(client: tinker.ServiceClient) -> None:
+    """A run of LoRA rank 64 with tx's vLLM engines at their default --engine-max-lora-rank (32): it trains, and
+    its sampler save fails at once with an error that names the flag; a rank-8 run samples from the same engine
+    after. Regression: the engine refused the push after the trainer had begun its broadcast, which then hung
+    for the transfer timeout (120 s) and left the engine's weight group broken for every later push."""
+    big = client.create_lora_training_client(BASE, rank=64, seed=3).result()
+    big.forward_backward([sft_datum()], "cross_entropy").result()
+    big.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    base = client.create_sampling_client(base_model=BASE)  # the engine is up: the save's time is the push's
+    base.sample(types.ModelInput.from_ints([1, 2, 3]), 1, types.SamplingParams(max_tokens=1)).result()
+    start = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError, match="--engine-max-lora-rank 64"):
+        big.save_weights_and_get_sampling_client().result()
+    assert time.monotonic() - start < 30
+    assert_sampler_matches_trainer(client.create_lora_training_client(BASE, rank=8, seed=4).result())
+
+
 def test_killed_vllm_engine_is_restarted_and_the_next_sample_succeeds(server: TxServer,
                                                                       client: tinker.ServiceClient) -> None:
     sampler = client.create_sampling_client(base_model=BASE)

@@ -27,8 +27,10 @@ from live_engine import SECRET
 from reference_logprobs import token_logprobs
 from vllm_helpers import greedy
 
-from tx.inference.manager.client import InferenceClient
-from tx.inference.protocol import GenerateRequest
+from tx.inference.manager.client import EngineRequestError, InferenceClient
+from tx.inference.manager.groups import EngineSettings, EngineSlot
+from tx.inference.manager.publisher import Publisher
+from tx.inference.protocol import GenerateRequest, LoraSpec
 
 pytestmark = pytest.mark.vllm
 
@@ -376,3 +378,31 @@ def test_resumed_request_stops_on_a_string_that_starts_before_the_abort(vllm_eng
     resumed = vllm_engine.generate(**body, resumed_tokens=k)["sequences"][0]
     assert resumed["stop_reason"] == "stop" and resumed["token_ids"] == tokens[k:k + 1]
     assert len(resumed["logprobs"]) == 1
+
+
+def test_a_push_the_engine_refuses_midway_leaves_the_next_one_a_new_group(vllm_engine, reference_model):
+    """The publisher against an engine that refuses a push after the broadcast began (a rank over its largest,
+    with the engine's largest unknown to the publisher, as from an engine that does not report it): the push
+    fails at once with the engine's error, and the next push builds a new group and lands. Last in this module:
+    the publisher's group replaces the module's `sender` at the engine."""
+    settings = EngineSettings(transfer_timeout_s=10)  # the refused broadcast's thread ends then (asyncio.run waits)
+    publisher = Publisher(settings, InferenceClient(engines={"e0": vllm_engine.url}, secret=SECRET))
+    slot = EngineSlot("e0")
+    small, small_named = random_adapter(reference_model, seed=30, r=4, lora_alpha=8, targets=TARGETS)
+    _, big_named = random_adapter(reference_model, seed=31, r=64, lora_alpha=128, targets=TARGETS)
+
+    async def pushes() -> float:
+        await publisher.push(slot, "small", small_named, LoraSpec(r=4, lora_alpha=8, target_modules=TARGETS))
+        publisher.held(slot).max_lora_rank = None  # as if the engine did not say
+        start = time.monotonic()
+        with pytest.raises(EngineRequestError, match="exceeds this engine's max_lora_rank"):
+            await publisher.push(slot, "big", big_named, LoraSpec(r=64, lora_alpha=128, target_modules=TARGETS))
+        refused_in = time.monotonic() - start
+        assert publisher.held(slot).sender is None, "the out-of-step group is dropped"
+        await publisher.push(slot, "small", small_named, LoraSpec(r=4, lora_alpha=8, target_modules=TARGETS))
+        return refused_in
+
+    assert asyncio.run(pushes()) < 10
+    out = vllm_engine.generate(prompt_token_ids=PROMPT, max_tokens=8, temperature=0.0, stop_at_eos=False,
+                               adapter="small")
+    assert out["sequences"][0]["token_ids"] == greedy(small, PROMPT, 8, stop_at_eos=False)

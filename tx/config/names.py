@@ -6,6 +6,7 @@ from typing import Literal
 
 EngineKindName = Literal["embedded", "vllm"]  # each kind's record: tx/inference/engines/kinds.py
 Dtype = Literal["float32", "bfloat16", "float16"]  # base weights' dtype; LoRA, AdamW, logprobs stay float32
+VllmLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]  # the --max-lora-rank values vLLM takes
 ShardBase = Literal["auto", "always", "never"]  # trainer workers: shard the frozen base with FSDP2?
 # attention implementations a user may force; by default each model gets the best its family supports on the
 # device (tx/models/attention.py)

@@ -24,7 +24,14 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import NoDecode
 
-from tx.config.names import AttnImplementation, Dtype, EngineKindName, ShardBase, default_train_dtype
+from tx.config.names import (
+    AttnImplementation,
+    Dtype,
+    EngineKindName,
+    ShardBase,
+    VllmLoraRank,
+    default_train_dtype,
+)
 
 
 class Section(BaseModel):
@@ -207,6 +214,12 @@ class EngineSection(Section):
     max_adapters: int = Field(
         default=8, ge=1, validation_alias="engine_max_adapters",
         description="Weight versions an engine keeps loaded.",
+    )
+    max_lora_rank: VllmLoraRank = Field(
+        default=32, validation_alias="engine_max_lora_rank",
+        description="The largest LoRA rank the vLLM engines tx starts take (vLLM's --max-lora-rank: it sizes "
+        "their LoRA buffers). A run of a larger rank trains, but its samples are refused. Embedded engines "
+        "take any rank.",
     )
     versions_kept: int = Field(
         default=8, ge=1, validation_alias="sampler_versions_kept",

@@ -61,7 +61,7 @@ def engine_options(engines: EngineSection, trainer: TrainerSection) -> dict[str,
     """The fields of the engine kind's config that the settings choose (`engines/kinds.py` lists each kind's)."""
     options: dict[str, Any] = {"dtype": engines.resolved_dtype(trainer)}
     if engines.kind == "vllm":
-        options.update(gpu_memory_utilization=engines.memory_share,
+        options.update(gpu_memory_utilization=engines.memory_share, max_lora_rank=engines.max_lora_rank,
                        extra_args=["--tensor-parallel-size", str(engines.tensor_parallel_size)])
     elif trainer.attn_implementation is not None:  # the embedded engine runs the trainer's attention
         options["attn_implementation"] = trainer.attn_implementation

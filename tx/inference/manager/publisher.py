@@ -28,9 +28,11 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 
+from tx.config.names import VllmLoraRank
 from tx.inference.manager.client import InferenceClient
 from tx.inference.manager.groups import EngineSettings, EngineSlot
 from tx.inference.manager.versions import NamedTensors, WeightVersion
@@ -59,6 +61,7 @@ from tx.inference.weight_sync import (
     plan_update,
     trainer_facts,
 )
+from tx.types import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ class EngineWeights:
     freed: asyncio.Condition  # on the slot's lock: an adapter stopped being in use
     transport: TransportChoice | None = None  # chosen on the first push to this engine process
     sender: BroadcastSender | None = None  # the collective group (gloo, nccl); None for ipc
+    max_lora_rank: int | None = None  # the largest LoRA rank it takes (its /health, read with the transport)
     adapters: OrderedDict[str, int] = field(default_factory=OrderedDict)  # loaded -> its version number, LRU first
     in_use: Counter[str] = field(default_factory=Counter)  # adapter -> requests generating with it now
 
@@ -97,7 +101,7 @@ class Publisher:
         held = self.held(slot)
         if held.sender is not None:
             held.sender.close()
-        held.sender, held.transport, held.adapters = None, None, OrderedDict()
+        held.sender, held.transport, held.max_lora_rank, held.adapters = None, None, None, OrderedDict()
 
     def forget_adapters(self, slot: EngineSlot) -> None:
         """The engine dropped every adapter (a level-2 sleep); its transfer group stays."""
@@ -158,7 +162,9 @@ class Publisher:
     async def push(self, slot: EngineSlot, name: str, named: NamedTensors, spec: LoraSpec) -> None:
         held = self.held(slot)
         if held.transport is None:
-            held.transport = await self._choose_transport(slot)
+            held.transport, held.max_lora_rank = await self._meet(slot)
+        if held.max_lora_rank is not None and spec.r > held.max_lora_rank:
+            raise UserError(_over_max_rank(spec.r, held.max_lora_rank))
         start = time.perf_counter()
         if held.transport.kind == "ipc":
             await self._push_ipc(slot, name, named, spec)
@@ -167,7 +173,8 @@ class Publisher:
         self.push_seconds += time.perf_counter() - start
         self.pushed_bytes += sum(tensor.numel() * tensor.element_size() for _, tensor in named)
 
-    async def _choose_transport(self, slot: EngineSlot) -> TransportChoice:
+    async def _meet(self, slot: EngineSlot) -> tuple[TransportChoice, int | None]:
+        """From a new engine process's /health: the transport it takes weights over, and its largest rank."""
         if self._trainer is None:
             self._trainer = await asyncio.to_thread(trainer_facts, self.settings.trainer_device)
         health = await self.client.get(slot.name, ROUTE_HEALTH, self.settings.control_timeout_s)
@@ -175,7 +182,7 @@ class Publisher:
         choice = await asyncio.to_thread(choose_transport, self._trainer, engine)  # may resolve the host
         logger.info("engine %s (%s) receives weights over %s from the trainer (%s): %s", slot.name,
                     engine.device, choice.kind, self._trainer.device, choice.reason)
-        return choice
+        return choice, health.get("max_lora_rank")
 
     def _trainer_device(self) -> torch.device:
         assert self._trainer is not None and self._trainer.on_cuda
@@ -212,13 +219,35 @@ class Publisher:
                 self.client.post(slot.name, ROUTE_WEIGHTS_INIT, init.model_dump(), self.settings.control_timeout_s),
             )
             held.sender = sender
-        update = plan_update(named)
+        sender, update = held.sender, plan_update(named)
         body = WeightsUpdateRequest(transfer=update, adapter=name, lora=spec)
-        await asyncio.gather(
-            self.client.post(slot.name, ROUTE_WEIGHTS_UPDATE, body.model_dump(mode="json"),
-                             self.settings.transfer_timeout_s),
-            asyncio.to_thread(_send, held.sender, named, update, device),
-        )
+        posting = asyncio.ensure_future(self.client.post(
+            slot.name, ROUTE_WEIGHTS_UPDATE, body.model_dump(mode="json"), self.settings.transfer_timeout_s))
+        sending = asyncio.ensure_future(asyncio.to_thread(_send, sender, named, update, device))
+        try:
+            await asyncio.gather(posting, sending)
+        except BaseException:
+            # The engine refused the push or failed in it, or the broadcast failed: the two sides are out of
+            # step, so the next push makes a new group. A broadcast the engine never joined ends at its
+            # timeout; the sender closes then (its buffers may still be on the wire until that moment).
+            held.sender = None
+            posting.add_done_callback(_retrieved)
+            sending.add_done_callback(lambda done: (_retrieved(done), sender.close()))
+            raise
+
+
+def _over_max_rank(rank: int, largest: int) -> str:
+    """Why a run of LoRA rank `rank` cannot sample from engines that take at most `largest`, and what to do."""
+    fits = [r for r in get_args(VllmLoraRank) if r >= rank]
+    remedy = (f"start tx serve with --engine-max-lora-rank {fits[0]} to sample from it" if fits
+              else f"vLLM takes ranks up to {get_args(VllmLoraRank)[-1]}")
+    return f"this run's LoRA rank {rank} is over the largest its engines take ({largest}): it trains, but {remedy}"
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Marks a failed half of a push as seen (the push raised the first failure)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _send(sender: BroadcastSender, named: NamedTensors, update: TransferUpdate, device: torch.device | None) -> None:

@@ -242,6 +242,7 @@ class HealthResponse(StateResponse):
     contract_version: int = Field(default=CONTRACT_VERSION, description="the contract version the engine serves")
     model_fingerprint: str | None = Field(default=None, description="tx.models.fingerprint of its model")
     max_adapters: int | None = Field(default=None, description="most LoRA adapters (weight versions) it holds")
+    max_lora_rank: int | None = Field(default=None, description="the largest LoRA rank it takes; null: any")
     base_version: str | None = None
     adapters: dict[str, str | None] = Field(default_factory=dict, description="name -> version label")
     asleep_tags: list[WakeTag] = Field(default_factory=list)

@@ -325,6 +325,7 @@ class VllmEngine:
             model=str(self.config.model_dir),
             model_fingerprint=self.fingerprint,
             max_adapters=self.config.max_adapters,
+            max_lora_rank=self.config.max_lora_rank if self.config.enable_lora else None,
             base_version=self.base_version,
             adapters=dict(self.adapters),
             asleep_tags=sorted(self.asleep),
