@@ -11,7 +11,7 @@ from typing import get_args
 
 from pydantic import ValidationError
 
-from tx.config.names import AttnImplementation, EngineKindName
+from tx.config.names import AttnImplementation, EngineKindName, VllmLoraRank
 
 logger = logging.getLogger("tx")
 SHUTDOWN_GRACE_S = 1  # seconds
@@ -182,6 +182,8 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="engine dtype (default float32; give the trainer's --train-dtype)")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM engine: GPUs (default 1)")
     p.add_argument("--max-model-len", type=int, help="vLLM engine: --max-model-len")
+    p.add_argument("--max-lora-rank", type=int, default=32, choices=get_args(VllmLoraRank),
+                   help="vLLM engine: the largest LoRA rank it takes, vLLM's --max-lora-rank (default 32)")
     p.add_argument("--vllm-url",
                    help="vLLM engine: serve over a vLLM you started on this machine, on a Unix socket in a private "
                    "directory: unix:///path/to/vllm.sock (see --print-vllm-command)")

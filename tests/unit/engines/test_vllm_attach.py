@@ -20,12 +20,14 @@ from tx.inference.engines.vllm.config import VllmEngineConfig
 
 def test_the_recipe_serves_vllm_on_a_unix_socket_only(tiny_model_dir: Path, tmp_path: Path) -> None:
     socket = tmp_path / "private" / "vllm.sock"
-    lines = vllm_serve_command(StandaloneEngine(kind="vllm", model=str(tiny_model_dir),
-                                                vllm_url=f"unix://{socket}")).splitlines()
+    lines = vllm_serve_command(StandaloneEngine(kind="vllm", model=str(tiny_model_dir), max_adapters=12,
+                                                max_lora_rank=64, vllm_url=f"unix://{socket}")).splitlines()
     assert lines[0] == f"mkdir -p -m 700 {socket.parent}"
     vllm = lines[1].split()
     assert vllm[vllm.index("--uds") + 1] == str(socket) and "--host" not in vllm and "--port" not in vllm
+    assert vllm[vllm.index("--max-lora-rank") + 1] == "64" and vllm[vllm.index("--max-cpu-loras") + 1] == "12"
     assert f"--vllm-url unix://{socket}" in lines[2] and lines[2].startswith("TX_ENGINE_SECRET=")
+    assert "--max-adapters 12 --max-lora-rank 64" in lines[2], "tx's engine knows the limits vLLM starts with"
 
 
 def test_a_tcp_url_is_refused_saying_why(tiny_model_dir: Path) -> None:

@@ -45,6 +45,7 @@ class StandaloneEngine:
     dtype: Dtype = "float32"
     tensor_parallel_size: int = 1  # vLLM only
     max_model_len: int | None = None  # vLLM only
+    max_lora_rank: int = 32  # vLLM only: its --max-lora-rank (the largest LoRA rank the engine takes)
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine (unix:///...)
     extra_vllm_args: list[str] = field(default_factory=list)
 
@@ -64,7 +65,8 @@ class StandaloneEngine:
 
         tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
         return VllmEngineConfig(**self._common(secret), dtype=self.dtype, max_model_len=self.max_model_len,
-                                extra_args=tp + list(self.extra_vllm_args), vllm_url=self.vllm_url)
+                                max_lora_rank=self.max_lora_rank, extra_args=tp + list(self.extra_vllm_args),
+                                vllm_url=self.vllm_url)
 
     def _common(self, secret: str) -> _CommonFields:
         from tx.models.resolve import resolve_model_dir
@@ -116,7 +118,8 @@ def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> st
     words += ["vllm", "serve", str(config.model_dir), "--uds", str(socket), *child.flags()]
     vllm = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
     tx = ["tx", "engine", "serve", "--kind", "vllm", "--model", engine.model, "--vllm-url",
-          f"{UNIX_SCHEME}{socket}", "--host", engine.host, "--port", str(engine.port)]
+          f"{UNIX_SCHEME}{socket}", "--host", engine.host, "--port", str(engine.port),
+          "--max-adapters", str(engine.max_adapters), "--max-lora-rank", str(engine.max_lora_rank)]  # as vLLM's
     return "\n".join([
         f"mkdir -p -m 700 {shlex.quote(str(socket.parent))}",
         f"{vllm} &",
