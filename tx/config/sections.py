@@ -10,7 +10,7 @@ import ipaddress
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -215,11 +215,11 @@ class EngineSection(Section):
         default=8, ge=1, validation_alias="engine_max_adapters",
         description="Weight versions an engine keeps loaded.",
     )
-    max_lora_rank: VllmLoraRank = Field(
+    max_lora_rank: int = Field(
         default=32, validation_alias="engine_max_lora_rank",
         description="The largest LoRA rank the vLLM engines tx starts take (vLLM's --max-lora-rank: it sizes "
-        "their LoRA buffers). A run of a larger rank trains, but its samples are refused. Embedded engines "
-        "take any rank.",
+        "their LoRA buffers). A run of a larger rank trains, but its sampler saves fail with an error naming "
+        "this setting. Embedded engines take any rank.",
     )
     versions_kept: int = Field(
         default=8, ge=1, validation_alias="sampler_versions_kept",
@@ -240,6 +240,13 @@ class EngineSection(Section):
         description="With --ray-address: Ray node labels (key=value) the engines' nodes must carry "
         "(`ray start --labels`). In TX_ENGINE_NODE_LABELS: comma-separated.",
     )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_vllm_rank(cls, value: int) -> int:
+        if value not in get_args(VllmLoraRank):
+            raise ValueError(f"vLLM's --max-lora-rank is one of {', '.join(map(str, get_args(VllmLoraRank)))}")
+        return value
 
     @field_validator("urls", mode="before")
     @classmethod

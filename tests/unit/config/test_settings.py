@@ -48,6 +48,7 @@ def test_every_flag_sets_a_field_and_flat_names_are_unique() -> None:
 def test_flags_and_variables_land_in_their_sections(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TX_TRAIN_DTYPE", "float16")
     monkeypatch.setenv("TX_ENGINE_MAX_ADAPTERS", "3")
+    monkeypatch.setenv("TX_ENGINE_MAX_LORA_RANK", "64")
     monkeypatch.setenv("TX_ASSET_HOSTS", '["images.example"]')
     monkeypatch.setenv("TX_PORT", "9001")
     args = build_parser().parse_args([
@@ -60,6 +61,7 @@ def test_flags_and_variables_land_in_their_sections(monkeypatch: pytest.MonkeyPa
     assert (settings.trainer.dtype, settings.trainer.workers) == ("bfloat16", 2)  # the flag beats the variable
     assert (settings.engines.kind, settings.engines.colocate) == ("vllm", False)
     assert (settings.engines.versions_kept, settings.engines.max_adapters) == (4, 3)
+    assert settings.engines.max_lora_rank == 64
     assert settings.images.max_bytes == 100 and settings.images.asset_roots == [tmp_path]
     assert settings.images.asset_hosts == ["images.example"]
 
@@ -73,6 +75,8 @@ def test_bad_values_name_the_flat_setting(monkeypatch: pytest.MonkeyPatch) -> No
         Settings(train_dtype="int8")
     with pytest.raises(ValueError, match="Extra inputs"):
         Settings(trian_dtype="float32")
+    with pytest.raises(ValueError, match="(?s)engine_max_lora_rank.*one of 1, 8, 16, 32, 64"):
+        Settings(engine_max_lora_rank=48)
 
 
 @pytest.mark.parametrize(("fields", "dtype"), [

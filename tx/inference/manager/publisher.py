@@ -239,7 +239,8 @@ class Publisher:
 def _over_max_rank(rank: int, largest: int) -> str:
     """Why a run of LoRA rank `rank` cannot sample from engines that take at most `largest`, and what to do."""
     fits = [r for r in get_args(VllmLoraRank) if r >= rank]
-    remedy = (f"start tx serve with --engine-max-lora-rank {fits[0]} to sample from it" if fits
+    remedy = (f"start tx serve with --engine-max-lora-rank {fits[0]} (external engines: tx engine serve "
+              f"--max-lora-rank {fits[0]}) to sample from it" if fits
               else f"vLLM takes ranks up to {get_args(VllmLoraRank)[-1]}")
     return f"this run's LoRA rank {rank} is over the largest its engines take ({largest}): it trains, but {remedy}"
 
