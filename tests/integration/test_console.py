@@ -162,7 +162,8 @@ def test_a_tenant_key_never_sees_another_tenants_run(page: Page, console_server:
         page.wait_for("document.body.dataset.ready === 'runs'")
         assert not page.evaluate(f"document.body.innerText.includes('{run}')")
         page.goto(f"{console_server.url}/console#/runs/{run}")
-        page.wait_for("document.body.dataset.ready === 'runs'")
+        # the list page left dataset.ready at 'runs' already: wait for the run page's own answer
+        page.wait_for("document.body.dataset.ready === 'runs' && document.querySelector('main .error')")
         assert page.evaluate("document.querySelector('main .error').textContent").startswith("404")
         page.goto(f"{console_server.url}/console#/sessions")
         page.wait_for("document.body.dataset.ready === 'sessions'")
