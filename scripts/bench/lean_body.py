@@ -20,14 +20,14 @@ from pathlib import Path
 from tx.cpu import use_cpu_defaults
 
 use_cpu_defaults()  # the environment `tx serve` gives its trainer (before torch loads)
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from peer import backend_batch  # noqa: E402
 
 import tx.backends.torch.step as step  # noqa: E402
 from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.models import write_tiny_text_model  # noqa: E402
 from tx.optimizers import AdamParams  # noqa: E402
-from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput  # noqa: E402
+from tx.types import LoraConfig  # noqa: E402
 
 
 def main() -> None:
@@ -42,10 +42,7 @@ def main() -> None:
     backend = TorchBackend({"tiny": model_dir}, device="cpu")
     backend.use_threads(args.threads)
     backend.create_model("run", "tiny", LoraConfig(rank=8, seed=0))
-    tokens = list(range(10, 10 + args.seq_len + 1))
-    datum = Datum(ModelInput.from_tokens(tokens[:-1]), {"target_tokens": np.asarray(tokens[1:], np.int64),
-                                                        "weights": np.ones(args.seq_len, np.float32)})
-    batch = ForwardBackwardInput([datum] * args.batch, "cross_entropy", {})
+    batch = backend_batch(args.batch, args.seq_len)
     adam = AdamParams(learning_rate=1e-4)
     lean = step.lean_linears
     sides = {"peft": lambda *a: contextlib.nullcontext(), "lean": lean}

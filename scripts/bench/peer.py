@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import tinker
 from tinker import types
 
@@ -52,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from txserver import API_KEY, TxServer, free_port, stop_group, wait_healthy  # noqa: E402
 
 from tx.models import write_tiny_text_model  # noqa: E402
+from tx.types import Datum, ForwardBackwardInput, ModelInput  # noqa: E402
 
 BATCH, SEQ, RANK, SEED = 8, 64, 8, 0
 UV_STAND_IN = """#!/bin/sh
@@ -151,6 +153,15 @@ def batch() -> list[types.Datum]:
     datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
                         loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * SEQ})
     return [datum] * BATCH
+
+
+def backend_batch(size: int = BATCH, length: int = SEQ) -> ForwardBackwardInput:
+    """`batch()`'s datums (`size` x `length` tokens) as tx's torch backend takes them: the same calls made in one
+    process, no server (lean_body.py, core_siblings.py, server_ab.py --bare)."""
+    tokens = list(range(10, 10 + length + 1))
+    datum = Datum(ModelInput.from_tokens(tokens[:-1]), {"target_tokens": np.asarray(tokens[1:], np.int64),
+                                                        "weights": np.ones(length, np.float32)})
+    return ForwardBackwardInput([datum] * size, "cross_entropy", {})
 
 
 def sample_once(sampler: tinker.SamplingClient) -> tuple[float, int]:

@@ -9,7 +9,11 @@ worker that decodes and queues, the metrics recorder), and the load average befo
 
     python scripts/bench/server_ab.py --side main=/work/main --side branch=. [--steps 80] [--warmup 5]
 
-A side may set environment variables for its server: `--side name=tree,VAR:value,...`.
+A side may set environment variables for its server: `--side name=tree,VAR:value,...`. `--bare` adds a side
+that makes the same calls in this process, no server (this tree's backend, `--bare-threads` threads, the
+environment `tx serve` gives its trainer). Each side also reports its trainer's own seconds per call
+(`trainer_ms`: a server's from its metrics rows, the bare side's timed around each call), so the server's
+cost on the pass itself is read against the bare pass of the same minutes.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -28,13 +33,23 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-import tinker
-from tinker import types
+from tx.cpu import usable_cores, use_cpu_defaults
+
+use_cpu_defaults()  # the bare side's trainer gets what `tx serve` gives its own (before torch loads)
+import tinker  # noqa: E402
+import torch  # noqa: E402
+from tinker import types  # noqa: E402
+
+from tx.backends.torch.backend import TorchBackend  # noqa: E402
+from tx.optimizers import AdamParams  # noqa: E402
+from tx.types import LoraConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import batch, shared_model
-from txserver import API_KEY, TxServer
+from peer import backend_batch, batch, shared_model  # noqa: E402
+from txserver import API_KEY, TxServer  # noqa: E402
+
+CALLS = ("forward_backward", "optim_step")
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -80,11 +95,39 @@ def steps(url: str, model_dir: Path) -> Iterator[float]:
         yield time.perf_counter() - start
 
 
+def bare_steps(model_dir: Path, threads: int, spans: dict[str, list[float]]) -> Iterator[float]:
+    """The same calls in this process, no server: each step's seconds, each call's appended to `spans`."""
+    torch.set_num_threads(threads)
+    backend = TorchBackend({"m": str(model_dir)}, device="cpu")
+    backend.use_threads(threads)
+    backend.create_model("run", "m", LoraConfig(rank=8, seed=0))
+    data, adam = backend_batch(), AdamParams(learning_rate=1e-4)
+    while True:
+        start = time.perf_counter()
+        backend.forward_backward("run", data)
+        middle = time.perf_counter()
+        backend.optim_step("run", adam)
+        end = time.perf_counter()
+        spans["forward_backward"].append(middle - start)
+        spans["optim_step"].append(end - middle)
+        yield end - start
+
+
+def trainer_seconds(data_dir: Path, last: int) -> dict[str, list[float]]:
+    """A stopped server's trainer seconds of its `last` calls of each kind, from its metrics rows."""
+    query = "SELECT seconds FROM run_metrics WHERE kind = ? ORDER BY rowid"
+    with sqlite3.connect(data_dir / "tx.db") as db:
+        return {kind: [row[0] for row in db.execute(query, (kind,))][-last:] for kind in CALLS}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--side", action="append", required=True, help="name=tree[,VAR:value...]")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--bare", action="store_true", help="a side making the same calls in this process")
+    parser.add_argument("--bare-threads", type=int, default=usable_cores(),
+                        help="the bare side's torch threads (default: what a server's trainer takes)")
     opts = parser.parse_args()
     sides = dict(parse_side(spec) for spec in opts.side)
     tmp = Path(tempfile.mkdtemp(prefix="tx-bench-ab-"))
@@ -95,6 +138,9 @@ def main() -> None:
         for name, env in sides.items():
             server = stack.enter_context(TxServer(tmp / name, args=["--base-model", str(model_dir)], env=env))
             runs[name], pids[name] = steps(server.url, model_dir), server.proc.pid if server.proc else 0
+        bare_spans: dict[str, list[float]] = {kind: [] for kind in CALLS}
+        if opts.bare:
+            runs["bare"] = bare_steps(model_dir, opts.bare_threads, bare_spans)
         times: dict[str, list[float]] = {name: [] for name in runs}
         load_start = [round(x, 2) for x in os.getloadavg()]
         cpu_start: dict[str, dict[str, float]] = {}
@@ -106,17 +152,23 @@ def main() -> None:
                 if index >= opts.warmup:
                     times[name].append(seconds)
         report: dict = {"steps": opts.steps, "load_average_start": load_start}
+        for name, t in times.items():
+            report[name] = {"median_ms": round(1e3 * statistics.median(t), 2),
+                            "p25_ms": round(1e3 * statistics.quantiles(t, n=4)[0], 2),
+                            "min_ms": round(1e3 * min(t), 2)}
         for name, pid in pids.items():
             before, names = cpu_start[name], thread_names(pid)
             used = {tid: (s - before.get(tid, 0.0)) * 1e3 / opts.steps for tid, s in thread_cpu_s(pid).items()}
             busiest = sorted(((names.get(t, t), ms) for t, ms in used.items() if ms > 0), key=lambda x: -x[1])
-            t = times[name]
-            report[name] = {"median_ms": round(1e3 * statistics.median(t), 2),
-                            "p25_ms": round(1e3 * statistics.quantiles(t, n=4)[0], 2),
-                            "min_ms": round(1e3 * min(t), 2),
-                            "server_cpu_ms_per_step": round(sum(used.values()), 2),
-                            "threads_cpu_ms_per_step": {n: round(ms, 2) for n, ms in busiest[:6]}}
+            report[name].update(server_cpu_ms_per_step=round(sum(used.values()), 2),
+                                threads_cpu_ms_per_step={n: round(ms, 2) for n, ms in busiest[:6]})
         report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    spans = {name: trainer_seconds(tmp / name, opts.steps) for name in pids}  # servers stopped: rows written
+    if opts.bare:
+        spans["bare"] = {kind: seconds[-opts.steps:] for kind, seconds in bare_spans.items()}
+    for name, kinds in spans.items():
+        report[name]["trainer_ms"] = {kind: round(1e3 * statistics.median(s), 2)
+                                      for kind, s in kinds.items() if s}
     print(json.dumps(report, indent=2))
 
 
