@@ -29,13 +29,10 @@ from pathlib import Path
 from tx.cpu import cpu_ids, use_cpu_defaults
 
 use_cpu_defaults()  # the environment `tx serve` gives its trainer (before torch loads)
-import torch  # noqa: E402
-from peer import backend_batch  # noqa: E402
+from peer import backend_batch, bare_backend  # noqa: E402
 
-from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.models import write_tiny_text_model  # noqa: E402
 from tx.optimizers import AdamParams  # noqa: E402
-from tx.types import LoraConfig  # noqa: E402
 
 # Each load runs in its own process, one thread, until killed.
 LOADS = {
@@ -66,11 +63,7 @@ def main() -> None:
     pass_cpu = cpus[-1] if args.pass_cpu is None else args.pass_cpu
     load_cpu = cpus[-2] if args.load_cpu is None else args.load_cpu
     os.sched_setaffinity(0, {pass_cpu})  # before torch's thread pool starts: every thread of this process
-    torch.set_num_threads(1)
-    model_dir = write_tiny_text_model(Path(tempfile.mkdtemp()) / "model", preset="tiny")
-    backend = TorchBackend({"tiny": model_dir}, device="cpu")
-    backend.use_threads(1)
-    backend.create_model("run", "tiny", LoraConfig(rank=8, seed=0))
+    backend = bare_backend(write_tiny_text_model(Path(tempfile.mkdtemp()) / "model", preset="tiny"), 1)
     batch = backend_batch()
     adam = AdamParams(learning_rate=1e-4)
 

@@ -20,14 +20,11 @@ from pathlib import Path
 from tx.cpu import use_cpu_defaults
 
 use_cpu_defaults()  # the environment `tx serve` gives its trainer (before torch loads)
-import torch  # noqa: E402
-from peer import backend_batch  # noqa: E402
+from peer import backend_batch, bare_backend  # noqa: E402
 
 import tx.backends.torch.step as step  # noqa: E402
-from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.models import write_tiny_text_model  # noqa: E402
 from tx.optimizers import AdamParams  # noqa: E402
-from tx.types import LoraConfig  # noqa: E402
 
 
 def main() -> None:
@@ -37,11 +34,8 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     model_dir = write_tiny_text_model(Path(tempfile.mkdtemp()) / "model", preset="tiny")
-    backend = TorchBackend({"tiny": model_dir}, device="cpu")
-    backend.use_threads(args.threads)
-    backend.create_model("run", "tiny", LoraConfig(rank=8, seed=0))
+    backend = bare_backend(model_dir, args.threads)
     batch = backend_batch(args.batch, args.seq_len)
     adam = AdamParams(learning_rate=1e-4)
     lean = step.lean_linears

@@ -47,13 +47,15 @@ from pathlib import Path
 
 import numpy as np
 import tinker
+import torch
 from tinker import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from txserver import API_KEY, TxServer, free_port, stop_group, wait_healthy  # noqa: E402
 
+from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.models import write_tiny_text_model  # noqa: E402
-from tx.types import Datum, ForwardBackwardInput, ModelInput  # noqa: E402
+from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput  # noqa: E402
 
 BATCH, SEQ, RANK, SEED = 8, 64, 8, 0
 UV_STAND_IN = """#!/bin/sh
@@ -156,12 +158,22 @@ def batch() -> list[types.Datum]:
 
 
 def backend_batch(size: int = BATCH, length: int = SEQ) -> ForwardBackwardInput:
-    """`batch()`'s datums (`size` x `length` tokens) as tx's torch backend takes them: the same calls made in one
-    process, no server (lean_body.py, core_siblings.py, server_ab.py --bare)."""
+    """`batch()`'s datums (`size` x `length` tokens) as tx's torch backend takes them: the same calls made
+    in one process, no server (lean_body.py, core_siblings.py, server_ab.py --bare)."""
     tokens = list(range(10, 10 + length + 1))
     datum = Datum(ModelInput.from_tokens(tokens[:-1]), {"target_tokens": np.asarray(tokens[1:], np.int64),
                                                         "weights": np.ones(length, np.float32)})
     return ForwardBackwardInput([datum] * size, "cross_entropy", {})
+
+
+def bare_backend(model_dir: Path, threads: int) -> TorchBackend:
+    """tx's torch backend in this process on `model_dir` (base model "m") with the workload's LoRA run
+    "run" (rank 8, seed 0), training on `threads` torch threads: a server's calls, without the server."""
+    torch.set_num_threads(threads)
+    backend = TorchBackend({"m": str(model_dir)}, device="cpu")
+    backend.use_threads(threads)
+    backend.create_model("run", "m", LoraConfig(rank=RANK, seed=SEED))
+    return backend
 
 
 def sample_once(sampler: tinker.SamplingClient) -> tuple[float, int]:

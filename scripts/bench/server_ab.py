@@ -37,16 +37,13 @@ from tx.cpu import usable_cores, use_cpu_defaults
 
 use_cpu_defaults()  # the bare side's trainer gets what `tx serve` gives its own (before torch loads)
 import tinker  # noqa: E402
-import torch  # noqa: E402
 from tinker import types  # noqa: E402
 
-from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.optimizers import AdamParams  # noqa: E402
-from tx.types import LoraConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import backend_batch, batch, shared_model  # noqa: E402
+from peer import backend_batch, bare_backend, batch, shared_model  # noqa: E402
 from txserver import API_KEY, TxServer  # noqa: E402
 
 CALLS = ("forward_backward", "optim_step")
@@ -97,10 +94,7 @@ def steps(url: str, model_dir: Path) -> Iterator[float]:
 
 def bare_steps(model_dir: Path, threads: int, spans: dict[str, list[float]]) -> Iterator[float]:
     """The same calls in this process, no server: each step's seconds, each call's appended to `spans`."""
-    torch.set_num_threads(threads)
-    backend = TorchBackend({"m": str(model_dir)}, device="cpu")
-    backend.use_threads(threads)
-    backend.create_model("run", "m", LoraConfig(rank=8, seed=0))
+    backend = bare_backend(model_dir, threads)
     data, adam = backend_batch(), AdamParams(learning_rate=1e-4)
     while True:
         start = time.perf_counter()
