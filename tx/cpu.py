@@ -32,6 +32,13 @@ HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 # other processes also use, the spinning turned a 0.05 s step into 0.2-0.5 s (p90 1-3 s):
 # docs/operations.md#the-training-steps-overhead.
 WAIT_POLICY_ENV = "OMP_WAIT_POLICY"
+# A trainer call of fewer floating-point operations than this runs on one of the trainer's threads
+# (`pass_threads`): its ops are too small to split, and a second thread waiting at each of them, passively,
+# costs more than it saves. In one process (the tiny Qwen3, 1.4 MFLOP a token; two threads against one): 8 x 64
+# tokens 1.06x slower, 768-1,024 tokens 0.89-0.92x, from 2,048 tokens 0.59-0.71x; the ~21M bench model gains
+# from two threads at every size (0.90x at 1 x 32 tokens). Through the server the second thread also takes the
+# core its request handling and the client want during the pass: docs/operations.md#the-training-steps-overhead.
+SMALL_PASS_FLOPS = 1e9
 
 
 def use_huge_pages(env: MutableMapping[str, str] = os.environ) -> None:
@@ -72,6 +79,12 @@ def _cgroup_quota(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
     if limit == "max":
         return None
     return max(1, int(limit) // int(period))
+
+
+def pass_threads(share: int, flops: float) -> int:
+    """The threads of one trainer call (a pass, an optimizer step) of about `flops` operations, out of the
+    trainer's `share`: one for a call under `SMALL_PASS_FLOPS`, else the share."""
+    return 1 if flops < SMALL_PASS_FLOPS else share
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,10 @@ A side may set environment variables for its server: `--side name=tree,VAR:value
 that makes the same calls in this process, no server (this tree's backend, `--bare-threads` threads, the
 environment `tx serve` gives its trainer). Each side also reports its trainer's own seconds per call
 (`trainer_ms`: a server's from its metrics rows, the bare side's timed around each call), so the server's
-cost on the pass itself is read against the bare pass of the same minutes.
+cost on the pass itself is read against the bare pass of the same minutes, and each server side where its
+steps' time went (`step_ms`, medians: until `forward_backward` is queued, queued, the pass, until `optim_step`
+runs, its run, and until the client has both results; from the client's step spans and the run's session
+trace).
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tx.cpu import usable_cores, use_cpu_defaults
@@ -80,16 +85,49 @@ def thread_names(pid: int) -> dict[str, str]:
     return {str(int(m.group(1), 0)): m.group(2) for m in re.finditer(r'Thread (\S+) \(\w+\): "([^"]+)"', dump)}
 
 
-def steps(url: str, model_dir: Path) -> Iterator[float]:
+@dataclass
+class Record:
+    """A server side's steps as the client saw them (wall-clock start and end) and its run's trace link."""
+
+    walls: list[tuple[float, float]] = field(default_factory=list)
+    trace_url: Callable[[], str] | None = None
+
+
+def steps(url: str, model_dir: Path, record: Record) -> Iterator[float]:
+    """The SDK's steps on the server at `url`: each step's seconds, and its wall-clock span in `record`."""
     client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
     tc = client.create_lora_training_client(str(model_dir), rank=8, seed=0).result()
+    rest = client.create_rest_client()
+    record.trace_url = lambda: rest.export_session_trace(tc.model_id.split(":")[0]).result()
     data, adam = batch(), types.AdamParams(learning_rate=1e-4)
     while True:
-        start = time.perf_counter()
+        wall, start = time.time(), time.perf_counter()
         fb, opt = tc.forward_backward(data, "cross_entropy"), tc.optim_step(adam)
         fb.result()
         opt.result()
-        yield time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        record.walls.append((wall, wall + seconds))
+        yield seconds
+
+
+def step_breakdown(record: Record, last: int) -> dict[str, float]:
+    """Where the last `last` steps' time went, median ms per part, from the client's step spans and the run's
+    session trace (the server's queued and run slices of each call): until `forward_backward` is queued,
+    queued, its pass, until `optim_step` runs, its run, and from its end until the client has both results."""
+    assert record.trace_url is not None
+    with urllib.request.urlopen(record.trace_url(), timeout=30) as response:  # a signed link: no key needed
+        events = [e for e in json.load(response)["traceEvents"] if e.get("ph") == "X"]
+    slices = {name: sorted((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6) for e in events if e["name"] == name)
+              for name in ("ForwardBackward (queued)", "ForwardBackward", "OptimStep")}
+    parts: dict[str, list[float]] = {}
+    for start, end in record.walls[-last:]:
+        (queued, _), (fb_start, fb_end), (opt_start, opt_end) = (
+            next(s for s in slices[name] if start <= s[0] <= end) for name in slices)
+        for part, seconds in (("to_queue", queued - start), ("queued", fb_start - queued),
+                              ("forward_backward", fb_end - fb_start), ("to_optim_step", opt_start - fb_end),
+                              ("optim_step", opt_end - opt_start), ("to_client", end - opt_end)):
+            parts.setdefault(part, []).append(seconds)
+    return {part: round(1e3 * statistics.median(s), 2) for part, s in parts.items()}
 
 
 def bare_steps(model_dir: Path, threads: int, spans: dict[str, list[float]]) -> Iterator[float]:
@@ -128,10 +166,11 @@ def main() -> None:
     model_dir = shared_model(tmp / "model")
     os.chdir(tmp)  # `python -m tx.cli` puts its working directory first on sys.path, before each side's tree
     with ExitStack() as stack:
-        runs, pids = {}, {}
+        runs, pids, records = {}, {}, {name: Record() for name in sides}
         for name, env in sides.items():
             server = stack.enter_context(TxServer(tmp / name, args=["--base-model", str(model_dir)], env=env))
-            runs[name], pids[name] = steps(server.url, model_dir), server.proc.pid if server.proc else 0
+            runs[name] = steps(server.url, model_dir, records[name])
+            pids[name] = server.proc.pid if server.proc else 0
         bare_spans: dict[str, list[float]] = {kind: [] for kind in CALLS}
         if opts.bare:
             runs["bare"] = bare_steps(model_dir, opts.bare_threads, bare_spans)
@@ -156,6 +195,7 @@ def main() -> None:
             busiest = sorted(((names.get(t, t), ms) for t, ms in used.items() if ms > 0), key=lambda x: -x[1])
             report[name].update(server_cpu_ms_per_step=round(sum(used.values()), 2),
                                 threads_cpu_ms_per_step={n: round(ms, 2) for n, ms in busiest[:6]})
+            report[name]["step_ms"] = step_breakdown(records[name], opts.steps)
         report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     spans = {name: trainer_seconds(tmp / name, opts.steps) for name in pids}  # servers stopped: rows written
     if opts.bare:

@@ -1,21 +1,24 @@
-"""The trainer takes its share of the CPU threads on the training thread: every pass runs with the number the
-budget gives at that moment (`tx/cpu.py`), asked before the pass (the real TorchBackend, the core's scheduler
-and services over a SQLite store; no server)."""
+"""The trainer takes its share of the CPU threads on the training thread: every call is given the number the
+budget gives at that moment (`tx/cpu.py`), asked before the call (the real TorchBackend, the core's scheduler
+and services over a SQLite store; no server), and a call too small to split runs on one of them."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import torch
 from backend_helpers import TINY_NAME, ce, sft_data
 
 from tx.backends.torch.backend import TorchBackend
+from tx.backends.torch.model import training_flops_per_token
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.futures import FutureRegistry
 from tx.core.scheduler import Scheduler
 from tx.core.services import build_services
+from tx.cpu import SMALL_PASS_FLOPS
 from tx.optimizers import AdamParams, OptimParams
 from tx.store.store import Store
 from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig, OptimStepResult
@@ -68,3 +71,42 @@ def test_each_pass_runs_with_the_share_of_the_moment(tiny_model_dir: Path, tmp_p
     asyncio.run(main())
     assert backend.seen == [2, 2, 1, 1]
     assert torch.get_num_threads() == mine  # set on the training thread only
+
+
+def test_a_call_too_small_to_split_runs_on_one_thread(tiny_model_dir: Path, monkeypatch) -> None:
+    """A pass under `SMALL_PASS_FLOPS` (tokens x `training_flops_per_token`) and a LoRA run's optimizer step run
+    on one thread, a larger pass on the trainer's share; the share itself is kept for the next call."""
+    import tx.backends.torch.backend as torch_backend
+
+    backend = TorchBackend({TINY_NAME: tiny_model_dir}, device="cpu")
+    backend.create_model("m", TINY_NAME, LoraConfig(rank=4, seed=0))
+    seen: list[int] = []
+    for name in ("run_calls", "optimizer_step"):
+        real = getattr(torch_backend, name)
+        monkeypatch.setattr(torch_backend, name,
+                            lambda *a, real=real, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    per_token = training_flops_per_token(backend._hosts[TINY_NAME].model)
+    length = 64
+    large = math.ceil(SMALL_PASS_FLOPS / per_token / (length - 1)) + 1  # datums of 63 tokens over the line
+    mine = torch.get_num_threads()
+    try:
+        backend.use_threads(2)
+        backend.forward_backward("m", ce(sft_data(count=2, length=length)))
+        backend.optim_step("m", AdamParams())
+        backend.forward_backward("m", ce(sft_data(count=large, length=length)))
+    finally:
+        torch.set_num_threads(mine)
+    assert 2 * (length - 1) * per_token < SMALL_PASS_FLOPS <= large * (length - 1) * per_token
+    assert seen == [1, 1, 2]
+
+
+def test_training_flops_count_each_weight_a_token_touches(tiny_model_dir: Path) -> None:
+    """6 operations (forward and backward) per weight but the input embeddings'; a head tied to them counts."""
+    import transformers
+
+    for tied in (True, False):
+        config = transformers.AutoConfig.from_pretrained(tiny_model_dir, tie_word_embeddings=tied)
+        model = transformers.Qwen3ForCausalLM(config)
+        embedding = model.get_input_embeddings().weight.numel()
+        body = sum(p.numel() for p in model.model.parameters()) - embedding
+        assert training_flops_per_token(model) == 6 * (body + model.lm_head.weight.numel())

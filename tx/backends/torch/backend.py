@@ -39,12 +39,13 @@ from tx.backends.torch.memory import (
     release,
     return_freed_tensors_to_os,
 )
-from tx.backends.torch.model import load_causal_lm, read_model_info
+from tx.backends.torch.model import load_causal_lm, read_model_info, training_flops_per_token
 from tx.backends.torch.optim import new_optimizer, optimizer_of, optimizer_step
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.config.sections import TrainerSection
+from tx.cpu import pass_threads
 from tx.devices import resolve_device
 from tx.multimodal import ImageLimits, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
@@ -64,6 +65,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
+
+OPTIMIZER_FLOPS_PER_PARAM = 10  # about what AdamW's step spends on each trainable parameter (`_call_threads`)
 
 
 class TorchBackend(TrainingBackend):
@@ -91,6 +94,8 @@ class TorchBackend(TrainingBackend):
         self._hosts: dict[str, AdapterHost] = {}
         self._runs: dict[str, Run] = {}
         self._fusion: dict[str, bool] = {}  # base model -> its runs share passes (`fusion_check.py`)
+        self._flops_per_token: dict[str, float] = {}  # base model -> `training_flops_per_token`
+        self._thread_share: int | None = None  # the trainer's CPU threads (`use_threads`; None: torch's own)
 
     def training_device(self) -> str:
         return str(self.device)
@@ -98,8 +103,24 @@ class TorchBackend(TrainingBackend):
     def use_threads(self, threads: int) -> None:
         # torch's intra-op pool size is per calling thread once it has run an op: set it here, on the training
         # thread, never from another
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
+        self._thread_share = threads
+        _set_threads(threads)
+
+    def _pass_threads(self, base_model: str, calls: list[tuple[Run, Call]]) -> None:
+        """Threads for the pass of `calls`: ~`training_flops_per_token` operations for each of their tokens."""
+        if base_model not in self._flops_per_token:
+            self._flops_per_token[base_model] = training_flops_per_token(self._hosts[base_model].model)
+        tokens = sum(item.num_tokens for _, call in calls for item in call.items)
+        self._call_threads(tokens * self._flops_per_token[base_model])
+
+    def _call_threads(self, flops: float) -> None:
+        """On CPU, a call too small to split runs on one thread, any other on the trainer's share
+        (`tx.cpu.pass_threads`); on the training thread, as `use_threads`."""
+        if self.device.type != "cpu":
+            return
+        if self._thread_share is None:
+            self._thread_share = torch.get_num_threads()
+        _set_threads(pass_threads(self._thread_share, flops))
 
     # ---- base models ----
 
@@ -238,6 +259,7 @@ class TorchBackend(TrainingBackend):
         (out of memory: TrainerOutOfMemory, the server goes on)."""
         start, names = time.perf_counter(), ", ".join(run.model_id for run, _ in calls)
         host, budget = self._hosts[base_model], self._budgets[base_model]
+        self._pass_threads(base_model, calls)
         saved = [None if call.forward_only else _grads(run) for run, call in calls]
         message = None
         try:
@@ -266,7 +288,9 @@ class TorchBackend(TrainingBackend):
 
     def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
         params.validate()
-        return OptimStepResult(metrics=optimizer_step(self._run(model_id).optimizer, params))
+        run = self._run(model_id)
+        self._call_threads(OPTIMIZER_FLOPS_PER_PARAM * sum(p.numel() for p in run.params.values()))
+        return OptimStepResult(metrics=optimizer_step(run.optimizer, params))
 
     # ---- checkpoints ----
 
@@ -347,3 +371,9 @@ def _copy_weights(run: Run, weights: dict[str, torch.Tensor], directory: Path) -
     with torch.no_grad():
         for name, param in run.params.items():
             param.copy_(weights[name])
+
+
+def _set_threads(threads: int) -> None:
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+

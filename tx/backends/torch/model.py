@@ -94,3 +94,15 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in _checkpointing_layers(model):
         layer.training = True
+
+
+def training_flops_per_token(model: PreTrainedModel) -> float:
+    """About how many floating-point operations a training pass spends per token: forward and backward, 6 per
+    weight that touches it (every weight but the input embeddings' row lookups, the output head's counted
+    once more where it shares the input embeddings'). An over-estimate for MoE (every expert counted)."""
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    skipped = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
+    weights = sum(p.numel() for p in model.parameters() if id(p) not in skipped)
+    if head is not None and any(id(p) in skipped for p in head.parameters()):
+        weights += sum(p.numel() for p in head.parameters())
+    return 6.0 * weights
