@@ -376,4 +376,3 @@ def _copy_weights(run: Run, weights: dict[str, torch.Tensor], directory: Path) -
 def _set_threads(threads: int) -> None:
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
-
