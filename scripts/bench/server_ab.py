@@ -97,7 +97,7 @@ def steps(url: str, model_dir: Path, record: Record) -> Iterator[float]:
     """The SDK's steps on the server at `url`: each step's seconds, and its wall-clock span in `record`."""
     client = tinker.ServiceClient(base_url=url, api_key=API_KEY)
     tc = client.create_lora_training_client(str(model_dir), rank=8, seed=0).result()
-    rest = client.create_rest_client()
+    rest = tinker.RestClient(base_url=url, api_key=API_KEY)
     record.trace_url = lambda: rest.export_session_trace(tc.model_id.split(":")[0]).result()
     data, adam = batch(), types.AdamParams(learning_rate=1e-4)
     while True:
@@ -121,8 +121,10 @@ def step_breakdown(record: Record, last: int) -> dict[str, float]:
               for name in ("ForwardBackward (queued)", "ForwardBackward", "OptimStep")}
     parts: dict[str, list[float]] = {}
     for start, end in record.walls[-last:]:
-        (queued, _), (fb_start, fb_end), (opt_start, opt_end) = (
-            next(s for s in slices[name] if start <= s[0] <= end) for name in slices)
+        found = [[s for s in spans if start <= s[0] <= end] for spans in slices.values()]
+        if not all(found):
+            raise RuntimeError(f"the session trace lacks a call of the step at {start:.3f}: {list(slices)}")
+        (queued, _), (fb_start, fb_end), (opt_start, opt_end) = (spans[0] for spans in found)
         for part, seconds in (("to_queue", queued - start), ("queued", fb_start - queued),
                               ("forward_backward", fb_end - fb_start), ("to_optim_step", opt_start - fb_end),
                               ("optim_step", opt_end - opt_start), ("to_client", end - opt_end)):
