@@ -1,17 +1,24 @@
 """Where a run's LoRA goes, read from the model's own structure (no list of module names per family).
 
 The decoder (`model.get_decoder()`: a vision-language model's language model) holds a list of layers; each
-layer's children are read by kind, from the attribute names transformers' decoders use:
+layer's children are read by kind, from what they hold first and then from the attribute names transformers'
+decoders use:
 
-- attention (a child named like `self_attn`, `linear_attn`, `attention`, `mixer`): every `nn.Linear` in it:
-  softmax attention's q/k/v/o, multi-head latent attention's low-rank projections, a gated delta net's
-  input and output projections. `train_attn` adapts them.
-- MLP (`mlp`, `feed_forward`, `ffn`, `moe`, `experts`): every `nn.Linear` in it (a dense MLP, a shared
-  expert) except routers (`gate`, `router`, `*_gate`: they choose experts, LoRA there would move the
-  routing), plus every 3-D parameter (routed experts fused into one tensor per projection), which PEFT
-  adapts through `target_parameters`. `train_mlp` adapts them.
+- MLP: a child holding routed experts (3-D parameters: experts fused into one tensor per projection) or a
+  router (a child module named `gate` or `router`), whatever its own name (Nemotron-3 calls every layer's body
+  `mixer`), or a child named like an MLP (`mlp`, `feed_forward`, `ffn`, `moe`, `experts`): every `nn.Linear`
+  in it (a dense MLP, a shared expert) except routers (`gate`, `router`, `*_gate`: they choose experts, LoRA
+  there would move the routing), plus the 3-D parameters, which PEFT adapts through `target_parameters`.
+  `train_mlp` adapts them.
+- attention (any other child named like `self_attn`, `linear_attn`, `attention`, `mixer`): every
+  `nn.Linear` in it: softmax attention's q/k/v/o, multi-head latent attention's low-rank projections, a gated
+  delta net's or a Mamba mixer's input and output projections (they mix the sequence). `train_attn` adapts
+  them.
 - anything else holding weights (norms and convolutions aside) makes the structure unreadable: a
   UserError at `create_model`, never LoRA placed on a guess.
+
+The placement is exactly the modules chosen: a suffix that would also match a module left out (a vision
+tower's, one frozen in some layer) excludes that module by its full name.
 
 `train_unembed` adapts the output embeddings (`lm_head`). Nothing outside the decoder layers and the head
 gets LoRA: a vision tower stays frozen (`exclude_modules` names any of its modules the suffixes would
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +50,8 @@ if TYPE_CHECKING:
 ATTENTION_NAMES = re.compile(r"(self_|linear_|cross_)?(attn|attention)|mixer|token_mixer")
 MLP_NAMES = re.compile(r"mlp|feed_forward|ffn|moe|experts?|block_sparse_moe")
 ROUTER_NAMES = re.compile(r"(gate|router)|.*_gate")
+ROUTER_MODULES = re.compile(r"gate|router")
+"""A part's child module by these names routes tokens to experts: the part is an MLP."""
 FROZEN_KINDS = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
 """Modules whose weights are never expert tensors, whatever their shape."""
 
@@ -67,6 +76,11 @@ class LayerParts:
     attention: tuple[str, ...]
     mlp: tuple[str, ...]
     experts: tuple[str, ...]
+    frozen: tuple[str, ...] = ()
+    """Linear modules that never get LoRA: routers, and what the load-time probe left out."""
+
+    def names(self) -> tuple[str, ...]:
+        return self.attention + self.mlp + self.frozen
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,8 @@ class ModelStructure:
     """What of a model LoRA can go on, read once (before any adapter wraps its modules)."""
 
     model_name: str
+    layers_path: str
+    """The decoder's layer list (`model.layers`, `model.language_model.layers`)."""
     layers: tuple[LayerParts, ...]
     head: str | None
     """The output embeddings' module name; None when they are not a linear layer."""
@@ -82,22 +98,42 @@ class ModelStructure:
 
     def targets(self, *, attn: bool, mlp: bool, unembed: bool) -> LoraTargets:
         """The LoRA targets of a run training the chosen groups."""
-        modules = set()
-        if attn:
-            modules |= {name for part in self.layers for name in part.attention}
-        if mlp:
-            modules |= {name for part in self.layers for name in part.mlp}
+        chosen = {self.full_name(i, name) for i, part in enumerate(self.layers)
+                  for name in (part.attention if attn else ()) + (part.mlp if mlp else ())}
         parameters = sorted({name for part in self.layers for name in part.experts}) if mlp else []
         if unembed:
             if self.head is None:
                 raise UserError(f"{self.model_name}: its output embeddings are not a linear layer; "
                                 "train_unembed cannot put LoRA there")
-            modules.add(self.head)
-        if not modules and not parameters:
+            chosen.add(self.head)
+        if not chosen and not parameters:
             raise UserError(f"{self.model_name}: no module of the chosen groups to put LoRA on")
-        suffixes = sorted(modules)
-        exclude = [name for name in self.outside if any(name == s or name.endswith(f".{s}") for s in suffixes)]
-        return LoraTargets(tuple(suffixes), tuple(parameters), tuple(exclude))
+        return self.targets_of(chosen, parameters)
+
+    def targets_of(self, modules: Collection[str], parameters: Collection[str] = ()) -> LoraTargets:
+        """The targets putting LoRA on exactly `modules` (full names) and the expert tensors `parameters`:
+        suffixes from the decoder layer down (the head by its own name), with every other module a suffix
+        would also match excluded by its full name (a vision tower's, or one the probe left out of a layer)."""
+        chosen = set(modules)
+        suffixes = sorted({self.relative_name(name) for name in chosen})
+        exclude = sorted(name for name in self.modules()
+                         if name not in chosen and any(name == s or name.endswith(f".{s}") for s in suffixes))
+        return LoraTargets(tuple(suffixes), tuple(sorted(parameters)), tuple(exclude))
+
+    def modules(self) -> list[str]:
+        """Full names of every linear module read: the layers' (of every kind, frozen ones too), the head,
+        and those outside."""
+        head = [self.head] if self.head is not None else []
+        layers = [self.full_name(i, name) for i, part in enumerate(self.layers) for name in part.names()]
+        return layers + head + list(self.outside)
+
+    def full_name(self, layer: int, name: str) -> str:
+        return f"{self.layers_path}.{layer}.{name}"
+
+    def relative_name(self, full_name: str) -> str:
+        """`full_name` from its decoder layer down (`self_attn.q_proj`); the head's and others' unchanged."""
+        match = re.fullmatch(rf"{re.escape(self.layers_path)}\.\d+\.(.+)", full_name)
+        return match.group(1) if match else full_name
 
 
 def read_structure(model: torch.nn.Module) -> ModelStructure:
@@ -112,7 +148,7 @@ def read_structure(model: torch.nn.Module) -> ModelStructure:
             head = name
         elif isinstance(module, torch.nn.Linear) and not name.startswith(f"{layers_path}."):
             outside.append(name)
-    return ModelStructure(type(model).__name__, parts, head, tuple(outside))
+    return ModelStructure(type(model).__name__, layers_path, parts, head, tuple(outside))
 
 
 @functools.lru_cache(maxsize=16)
@@ -130,25 +166,32 @@ def structure_of(model_dir: Path) -> ModelStructure:
 
 def read_layer(path: str, layer: torch.nn.Module) -> LayerParts:
     """The attention and MLP parts of the decoder layer at `path`; UserError naming what it cannot place."""
-    attention, mlp, experts = [], [], []
+    attention, mlp, experts, frozen = [], [], [], []
     for child_name, child in layer.named_children():
         linears = [f"{child_name}.{n}" if n else child_name for n, m in child.named_modules()
                    if isinstance(m, torch.nn.Linear)]
         fused = _fused_experts(child_name, child)
         if not linears and not fused:
             continue  # norms, rotary embeddings, convolution-only parts: frozen
-        if ATTENTION_NAMES.fullmatch(child_name) and not fused:
-            attention += linears
-        elif MLP_NAMES.fullmatch(child_name):
-            mlp += [name for name in linears if not ROUTER_NAMES.fullmatch(name.rsplit(".", 1)[-1])]
+        if fused or _holds_router(child) or MLP_NAMES.fullmatch(child_name):
+            routers = [name for name in linears if ROUTER_NAMES.fullmatch(name.rsplit(".", 1)[-1])]
+            mlp += [name for name in linears if name not in routers]
+            frozen += routers
             experts += fused
+        elif ATTENTION_NAMES.fullmatch(child_name):
+            attention += linears
         else:
             raise UserError(
                 f"cannot tell where LoRA goes in {path}.{child_name} ({type(child).__name__}): tx reads decoder "
                 "layers whose parts are named like attention (self_attn, linear_attn, ...) or MLPs (mlp, ...); "
                 "see docs/model-families.md"
             )
-    return LayerParts(tuple(attention), tuple(mlp), tuple(experts))
+    return LayerParts(tuple(attention), tuple(mlp), tuple(experts), tuple(frozen))
+
+
+def _holds_router(part: torch.nn.Module) -> bool:
+    """Whether `part` has a router among its children (it sends tokens to experts: an MLP)."""
+    return any(ROUTER_MODULES.fullmatch(name) for name, _ in part.named_children())
 
 
 def _fused_experts(prefix: str, module: torch.nn.Module) -> list[str]:

@@ -110,3 +110,21 @@ def test_an_unreadable_structure_is_a_user_error_at_create_model() -> None:
     model.model.layers[0].add_module("token_shift", Mixer())
     with pytest.raises(UserError, match=r"model\.layers\.0\.token_shift .*docs/model-families\.md"):
         read_structure(model)
+
+
+def test_a_part_holding_routed_experts_is_an_mlp_whatever_its_name() -> None:
+    """Nemotron-3 calls every layer's body `mixer`: its MoE mixer (fused experts, a router) is an MLP, its Mamba
+    mixer attention-kind (was: a 400 at create_model, the MoE mixer read as attention)."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    config = NemotronHConfig(vocab_size=16, hidden_size=8, layers_block_type=["linear_attention", "moe"],
+                             mamba_num_heads=2, mamba_head_dim=4, ssm_state_size=4, n_groups=1,
+                             n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=4,
+                             moe_shared_expert_intermediate_size=4)
+    with torch.device("meta"):
+        model = NemotronHForCausalLM(config)
+    mamba, moe = read_structure(model).layers
+    assert (mamba.attention, mamba.mlp, mamba.experts) == (("mixer.in_proj", "mixer.out_proj"), (), ())
+    assert moe.attention == ()
+    assert moe.mlp == ("mixer.shared_experts.up_proj", "mixer.shared_experts.down_proj")
+    assert moe.experts == ("mixer.experts.up_proj", "mixer.experts.down_proj")
