@@ -134,8 +134,9 @@ def test_bad_image_requests_are_4xx_and_text_still_serves(aria_engine, image_tok
     )
     assert "image token counts differ" in wrong_count["detail"]
 
-    stray = aria_engine.post("/generate", {"prompt_token_ids": prompt}, expect=400)
-    assert "no images" in stray["detail"]
+    stray = aria_engine.post("/generate", {"prompt_token_ids": [image_token, *prompt[1:]], "images": images},
+                             expect=400)
+    assert "outside its images: beside images" in stray["detail"]
     corrupt = {**images[0], "data": base64.b64encode(b"not an image").decode("ascii")}
     bad = aria_engine.post("/generate", {"prompt_token_ids": prompt, "images": [corrupt]}, expect=400)
     assert "image 0" in bad["detail"]
@@ -143,3 +144,15 @@ def test_bad_image_requests_are_4xx_and_text_still_serves(aria_engine, image_tok
     (seq,) = aria_engine.generate(prompt_token_ids=BEFORE + AFTER, max_tokens=3, temperature=0.0,
                                   stop_at_eos=False)["sequences"]
     assert len(seq["token_ids"]) == 3
+
+
+def test_placeholder_tokens_without_images_are_text(aria_engine, aria_reference, image_token):
+    """Issue 37: a policy sampled the image placeholder; the next prompt holds it, with no image. vLLM takes it as
+    text, as transformers' forward without pixel values does."""
+    prompt = BEFORE + [image_token, 9, image_token, image_token] + AFTER
+    out = aria_engine.generate(prompt_token_ids=prompt, max_tokens=0, prompt_logprobs=True)
+    model, _ = aria_reference
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(input_ids=torch.tensor([prompt])).logits[0].float(), -1)
+    expected = [logprobs[i - 1, prompt[i]].item() for i in range(1, len(prompt))]
+    assert out["prompt_logprobs"][1:] == pytest.approx(expected, abs=1e-3)

@@ -6,6 +6,11 @@ A client sends text chunks and image chunks (the Qwen renderers put `<|vision_st
 becomes that many image placeholder tokens (`config.image_token_id`). A chunk whose `expected_tokens`
 differs is a user error naming both numbers, so the client's lengths, targets and logprob arrays always
 line up with the server's positions.
+
+The placeholder token in a chunk's own text (a policy may sample `<|image_pad|>`) is text where the input has no
+image: Hugging Face's forward checks placeholders only against the images it is given. Beside image chunks it
+is refused: the model (and vLLM's processor) would count it as one of the images' placeholders
+(docs/model-families.md#image-placeholder-tokens-in-text).
 """
 
 from __future__ import annotations
@@ -65,7 +70,8 @@ class VisionProcessor:
         for index, chunk in enumerate(model_input.chunks):
             try:
                 if isinstance(chunk, TextChunk):
-                    self.check_text(chunk.tokens)
+                    if model_input.has_images:
+                        self.check_text(chunk.tokens)
                     token_ids.extend(chunk.tokens)
                     continue
                 placed = self._place(chunk, len(token_ids), limits)
@@ -76,9 +82,13 @@ class VisionProcessor:
         return ExpandedInput(token_ids, tuple(images))
 
     def check_text(self, tokens: Sequence[int]) -> None:
+        """A UserError when text beside image chunks holds the placeholder token (the model could not tell it
+        from an image's own)."""
         if self.image_token_id in tokens:
             raise UserError(
-                f"text holds the image placeholder token {self.image_token_id}; send images as image chunks"
+                f"text holds the image placeholder token {self.image_token_id} beside image chunks: the model "
+                "would take it for one of the images' placeholders; send images as image chunks (text alone "
+                "may hold it)"
             )
 
     def _place(self, chunk: ImageChunk | ImageAssetPointer, offset: int, limits: ImageLimits) -> PlacedImage:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 import torch
-from image_helpers import encode
+from image_helpers import image_prompt
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
 from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.inference.protocol import GenerateRequest
 from tx.multimodal import ImageLimits, vision_processor
-from tx.inference.protocol import GenerateRequest, PromptImage
-from tx.types import ImageChunk, ModelInput, TextChunk, UserError
-
-VISION_START, VISION_END = 2003, 2004
+from tx.types import UserError
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +28,6 @@ def reference(vlm_dir):
     from tx.models.auto import load_pretrained
 
     return load_pretrained(vlm_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
-
-
-def image_prompt(vlm_dir, prefix: list[int], color, size=(64, 48)) -> tuple[list[int], PromptImage, bytes]:
-    data = encode(color, size)
-    chunks = (TextChunk((*prefix, VISION_START)), ImageChunk(data, "png"), TextChunk((VISION_END, 40, 41)))
-    expanded = vision_processor(vlm_dir).expand(ModelInput(chunks), ImageLimits())
-    placed = expanded.images[0]
-    image = PromptImage(data=base64.b64encode(data).decode(), format="png", offset=placed.offset,
-                        num_tokens=placed.num_tokens)
-    return expanded.token_ids, image, data
 
 
 def greedy_reference(model, vlm_dir, ids: list[int], data: bytes, steps: int):
@@ -89,7 +75,7 @@ def test_image_requests_that_do_not_fit_are_refused(engine, vlm_dir):
     bad = [
         GenerateRequest(prompt_token_ids=ids, images=[image.model_copy(update={"num_tokens": 69})]),
         GenerateRequest(prompt_token_ids=ids, images=[image.model_copy(update={"offset": 0})]),
-        GenerateRequest(prompt_token_ids=ids),  # placeholders without an image
+        GenerateRequest(prompt_token_ids=[ids[0], *ids], images=[image]),  # the span moved: a placeholder outside
         GenerateRequest(prompt_token_ids=ids, images=[image.model_copy(update={"data": "bm90IGFuIGltYWdl"})]),
     ]
     for request in bad:

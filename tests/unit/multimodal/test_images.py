@@ -73,7 +73,8 @@ def test_expand_refusals(vlm_dir, tmp_path) -> None:
     cases = {
         "expected_tokens is 69, but this model's image processor makes 70 tokens of this 64x48 image":
             (TextChunk((1,)), ImageChunk(encode((5, 5, 5)), "png", 69)),
-        "holds the image placeholder token": (TextChunk((1, IMAGE_TOKEN)),),
+        "holds the image placeholder token 2005 beside image chunks":
+            (TextChunk((1, IMAGE_TOKEN)), ImageChunk(encode((5, 5, 5)), "png")),
         "only accepted in sampling": (ImageAssetPointer("/x.png", "png", 70),),
         "aspect ratio": (ImageChunk(encode((5, 5, 5), (1000, 4)), "png"),),
     }
@@ -86,3 +87,11 @@ def test_expand_refusals(vlm_dir, tmp_path) -> None:
     with pytest.raises(UserError, match="takes text only"):
         expand_input(text_dir, ModelInput((ImageChunk(encode((5, 5, 5)), "png"),)))
     assert expand_input(text_dir, ModelInput.from_tokens([3, 4])).token_ids == [3, 4]
+
+
+def test_placeholders_in_image_free_text_are_text(vlm_dir) -> None:
+    """Hugging Face's forward takes them without images (issue 37: a policy sampled `<|image_pad|>`)."""
+    chunks = (TextChunk((1, IMAGE_TOKEN)), TextChunk((IMAGE_TOKEN, 7)))
+    expanded = expand_input(vlm_dir, ModelInput(chunks))
+    assert expanded.token_ids == [1, IMAGE_TOKEN, IMAGE_TOKEN, 7] and expanded.images == ()
+    assert expanded.image_mask() == [0, 0, 0, 0]

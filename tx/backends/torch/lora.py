@@ -22,6 +22,7 @@ from transformers import PreTrainedModel
 from tx.backends.torch.model import checkpointing_off
 from tx.backends.torch.packing import PackingMode, boundary_masks
 from tx.models.lora_targets import ModelStructure, exact_targets, peft_config, read_structure
+from tx.multimodal.placeholders import text_placeholders_apart
 from tx.types import LoraConfig
 
 LORA_ALPHA = 32
@@ -134,8 +135,9 @@ class AdapterHost:
 
         The model's own forward runs, with its unembedding swapped for an identity for the call, so hooks on
         the root module (FSDP2's all-gathers in trainer workers) run as for a normal pass. `vision` holds a
-        vision-language model's image inputs (pixel_values, image_grid_thw, mm_token_type_ids). Packed rows
-        of a "packed_masks" model get the masks of their datum boundaries (`packing.boundary_masks`)."""
+        vision-language model's image inputs (pixel_values, image_grid_thw, mm_token_type_ids); placeholder
+        ids outside its images are text (`tx.multimodal.placeholders`). Packed rows of a "packed_masks" model
+        get the masks of their datum boundaries (`packing.boundary_masks`)."""
         masks: torch.Tensor | dict[str, torch.Tensor | None] | None = attention_mask
         if self.packing == "packed_masks" and position_ids is not None:
             masks = boundary_masks(self.model, input_ids, position_ids)
@@ -143,9 +145,10 @@ class AdapterHost:
         self.model.set_output_embeddings(torch.nn.Identity())
         small = self.checkpoint_above is not None and input_ids.numel() <= self.checkpoint_above
         try:
-            with checkpointing_off(self.model) if small else nullcontext():
+            with (checkpointing_off(self.model) if small else nullcontext(),
+                  text_placeholders_apart(self.model, input_ids, vision or {}) as model_ids):
                 out = self.model(
-                    input_ids=input_ids,
+                    input_ids=model_ids,
                     position_ids=position_ids,
                     attention_mask=masks,
                     use_cache=False,

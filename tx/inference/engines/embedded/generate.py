@@ -27,6 +27,7 @@ from tx.inference.engines.embedded.sorting import ids_at, sorted_descending
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
 from tx.inference.engines.stops import hits_stop_string, resumed_tail
 from tx.inference.protocol import GeneratedSequence, GenerateRequest, StopReasonName
+from tx.multimodal.placeholders import text_placeholders_apart
 
 
 @dataclass
@@ -242,14 +243,15 @@ class DecodeBatch:
             extra = batch_vision(list(visions), [width - len(p) for p in prompts], width)
             extra = {key: value.to(device) for key, value in extra.items()}
             position_ids, self.rope_deltas = rope_positions(model, ids, self.mask, positions, extra)
-        out = model(
-            input_ids=ids,
-            attention_mask=self.mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=min(num_kept, width),
-            **extra,
-        )
+        with text_placeholders_apart(model, ids, extra) as model_ids:  # placeholders in text rows stay text
+            out = model(
+                input_ids=model_ids,
+                attention_mask=self.mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=min(num_kept, width),
+                **extra,
+            )
         self.cache = out.past_key_values
         self.positions = positions[:, -1] + 1
         return out.logits.to("cpu")

