@@ -34,28 +34,36 @@ from typing import Any
 import httpx
 import torch
 
-from tx.backends.torch.lora import ATTN_MODULES, LORA_ALPHA, MLP_MODULES
+from tx.backends.torch.lora import LORA_ALPHA, peft_config_for
 from tx.inference.launch import LocalLauncher
-from tx.inference.protocol import ROUTE_GENERATE, SECRET_HEADER
+from tx.inference.protocol import ROUTE_GENERATE, SECRET_HEADER, LoraSpec
 from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
+from tx.models.lora_targets import exact_targets, read_structure
 from tx.models.tiny import write_tiny_text_model
+from tx.types import LoraConfig
 
 RANK = 8
+LORA = LoraConfig(rank=RANK, train_attn=True, train_mlp=True, train_unembed=False)
 
 
-def adapters(model_dir: Path, count: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """`count` random LoRA adapters (PEFT state-dict names) on every attention and MLP linear layer."""
+def adapters(model_dir: Path, count: int) -> tuple[list[list[tuple[str, torch.Tensor]]], LoraSpec]:
+    """`count` random LoRA adapters (PEFT state-dict names) on every attention and MLP linear layer, where the
+    trainer puts them (`tx/models/lora_targets.py`), and their config as tx pushes it."""
+    import peft
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    targets = set(ATTN_MODULES) | set(MLP_MODULES)
-    shapes = {}
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in targets and isinstance(module, torch.nn.Linear):
-            shapes[f"base_model.model.{name}.lora_A.weight"] = (RANK, module.in_features)
-            shapes[f"base_model.model.{name}.lora_B.weight"] = (module.out_features, RANK)
+    config = peft_config_for(LORA, read_structure(model))
+    with exact_targets():
+        wrapped = peft.get_peft_model(model, config)
+    shapes = {name: tuple(tensor.shape) for name, tensor in peft.get_peft_model_state_dict(wrapped).items()}
+    spec = LoraSpec(r=RANK, lora_alpha=LORA_ALPHA, target_modules=sorted(config.target_modules),
+                    target_parameters=sorted(config.target_parameters or []),
+                    exclude_modules=sorted(config.exclude_modules or []))
     generator = torch.Generator().manual_seed(0)
-    return [[(n, torch.randn(s, generator=generator) * 0.05) for n, s in shapes.items()] for _ in range(count)]
+    tensors = [[(n, torch.randn(s, generator=generator) * 0.05) for n, s in sorted(shapes.items())]
+               for _ in range(count)]
+    return tensors, spec
 
 
 def workload(samplers: int, rounds: int, vocab: int, seed: int = 0) -> list[list[dict[str, Any]]]:
@@ -80,17 +88,16 @@ class Engine:
         response.raise_for_status()
         return response.json()
 
-    def push(self, tensors: list[list[tuple[str, torch.Tensor]]]) -> None:
+    def push(self, tensors: list[list[tuple[str, torch.Tensor]]], spec: LoraSpec) -> None:
         init = TransferInit(backend="gloo", master_address="127.0.0.1", master_port=free_port(), world_size=2,
                             rank_offset=1, group_name=f"bench-{uuid.uuid4().hex}", timeout_s=300)
         self.post("/weights/init", init.model_dump())
         sender = BroadcastSender(init)
         sender.connect()
-        lora = {"r": RANK, "lora_alpha": LORA_ALPHA, "target_modules": [*ATTN_MODULES, *MLP_MODULES]}
         try:
             for i, named in enumerate(tensors):
                 update = plan_update(named)
-                body = {"transfer": update.model_dump(), "adapter": f"v{i}", "lora": lora}
+                body = {"transfer": update.model_dump(), "adapter": f"v{i}", "lora": spec.model_dump()}
                 with ThreadPoolExecutor(1) as pool:
                     answer = pool.submit(self.post, "/weights/update", body)
                     sender.send(named, update)
@@ -148,7 +155,7 @@ def main() -> None:
                               "load_average_before": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="tx-bench-cb-") as tmp:
         model_dir = write_tiny_text_model(Path(tmp) / "model", preset=args.preset)
-        tensors = adapters(model_dir, args.versions)
+        tensors, spec = adapters(model_dir, args.versions)
         from transformers import AutoConfig
 
         vocab = AutoConfig.from_pretrained(str(model_dir)).vocab_size
@@ -168,7 +175,7 @@ def main() -> None:
                 report[name] = {"skipped": str(exc)[:300]}
                 continue
             try:
-                engine.push(tensors)
+                engine.push(tensors, spec)
                 report[name] = run(engine, requests, args.versions)
             finally:
                 engine.close()
