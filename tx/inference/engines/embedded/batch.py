@@ -9,11 +9,16 @@ Design / who owns what:
   cache rows), samples their first tokens, and appends their rows to the running cache (`DecodeBatch.merge`);
   `step` feeds every live row its last token and samples the next; rows that stopped leave after each of them.
 - Rows of different adapters share a forward when the weights are `mixable` (`Weights.use`, `mixing.py`).
+- A failure answers every request it touched with the error, and no other: a prefill (or its prompt scores, or its
+  first tokens) that raises fails the requests being admitted and leaves the running rows be; a listener that
+  raises fails its own request; anything else (a decode step, a cache reorder, the merge) fails the whole batch
+  (`fail`, called by the scheduler with the requests it was admitting). docs/engines.md#the-embedded-engine.
 - Only the scheduler thread calls these; the model is touched under `weights.lock`, one forward at a time.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -33,6 +38,8 @@ from tx.inference.engines.embedded.generate import (
 from tx.inference.engines.embedded.vision import PromptVision
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse
+
+logger = logging.getLogger(__name__)
 
 Listener = Callable[[int, int, float], None]  # (sample index, token, raw logprob), on the scheduler thread
 
@@ -104,31 +111,46 @@ class RunningBatch:
         return job.vision is None and self.decode.joinable
 
     def admit(self, jobs: list[Job]) -> None:
-        """Prefill `jobs` together, sample their first tokens and append their rows to the running batch."""
+        """Prefill `jobs` together, sample their first tokens and append their rows to the running batch. A failure
+        before their rows join answers `jobs` with it (the running rows go on); one while joining raises."""
+        try:
+            batch, owners = self._prefill(jobs)
+        except Exception as exc:  # a broken model or request: these jobs fail, the running batch is untouched
+            logger.exception("prefill of %d requests failed", len(jobs))
+            for job in jobs:
+                settle(job.future, exc)
+            return
+        self._join(jobs, batch, owners)
+
+    def _prefill(self, jobs: list[Job]) -> tuple[DecodeBatch, list[Job]]:
+        """`jobs`' rows prefilled on their own cache, their prompt scores and first tokens; (their batch, each new
+        row's job). Touches nothing of the running batch."""
         weights = self.weights
-        new_rows: list[Row] = []
         for job in jobs:
             job.rows = [Row.create(job.request, i, weights.eos_ids) for i in range(job.request.n)]
-            new_rows += job.rows
         batch = DecodeBatch(weights.pad_id)
         with weights.lock:
             model = weights.use([job.request.adapter for job in jobs])
             num_kept = max(logits_needed(job.request) for job in jobs)
             kept = batch.prefill(model, [job.request.prompt_token_ids for job in jobs], num_kept,
                                  [job.vision for job in jobs])
-        self.takes_joins = batch.joinable
         _score_prompts(jobs, kept)
         expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
         if len(expand) != len(jobs):
             batch.select_rows(expand)
         owners = [job for job in jobs for _ in job.rows]
-        self._sample(kept[expand, -1], new_rows, owners)
+        self._sample(kept[expand, -1], [row for job in jobs for row in job.rows], owners)
+        return batch, owners
+
+    def _join(self, jobs: list[Job], batch: DecodeBatch, owners: list[Job]) -> None:
+        """Append the prefilled `batch` of `jobs` to the running rows."""
+        self.takes_joins = batch.joinable
         if self.decode is None:
             self.decode = batch
         else:
             self.decode.merge(batch)
             self.stats.num_joins += len(jobs)
-        self.rows += new_rows
+        self.rows += [row for job in jobs for row in job.rows]
         self.owners += owners
         self.jobs += jobs
         self.stats.num_batches += 1
@@ -155,10 +177,20 @@ class RunningBatch:
         tokens, logprobs, topk = sample_next(logits[live], [rows[i] for i in live])
         for i, token, logprob, best in zip(live, tokens, logprobs, topk):
             rows[i].append(token, logprob, self.weights.decode, best)
-            listener = owners[i].listener
-            if listener is not None:
-                listener(rows[i].sample_index, token, logprob)
+            self._tell(owners[i], rows[i].sample_index, token, logprob)
         self.stats.num_generated_tokens += len(live)
+
+    def _tell(self, job: Job, index: int, token: int, logprob: float) -> None:
+        """Hand a sampled token to `job`'s listener; one that raises fails its own job only (its rows leave)."""
+        if job.listener is None or job.future.done():
+            return
+        try:
+            job.listener(index, token, logprob)
+        except Exception as exc:
+            logger.exception("a token listener failed")
+            settle(job.future, exc)
+            for row in job.rows:
+                row.stop_reason = row.stop_reason or "abort"
 
     def drop_finished(self) -> None:
         """Rows that stopped leave the batch; the jobs all of whose rows stopped are answered."""
@@ -193,9 +225,10 @@ class RunningBatch:
         self.drop_finished()
         return len(gone)
 
-    def fail(self, exc: BaseException) -> None:
-        """A forward failed (a bug or a broken model): fail every job of the batch and start empty."""
-        for job in self.jobs:
+    def fail(self, exc: BaseException, admitting: list[Job] | None = None) -> None:
+        """A step failed (a bug or a broken model): fail every job of the batch, and the `admitting` ones not in it
+        yet, with `exc`, and start empty."""
+        for job in self.jobs + (admitting or []):
             settle(job.future, exc)
         self.decode, self.rows, self.owners, self.jobs = None, [], [], []
 

@@ -19,6 +19,9 @@ Design / who owns what:
   the HTTP client disconnects): a pending job is never admitted, a running job's rows leave the batch before the
   next step (stats: `num_cancelled`).
 - The model is only touched under `weights.lock`, one forward at a time, so weight updates land between steps.
+- No request is left waiting: a step that raises (admission, prefill, decode, row selection, an abort, a
+  listener) answers every request it touched with the error, and the loop goes on (`_turn`; which requests a
+  failure touches: `batch.py`). Requests still pending when the scheduler stops are answered with an error.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from concurrent.futures import Future
 
 import torch
 
-from tx.inference.engines.embedded.batch import Job, Listener, RunningBatch
+from tx.inference.engines.embedded.batch import Job, Listener, RunningBatch, settle
 from tx.inference.engines.embedded.vision import PromptVision
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.protocol import EngineStats, GenerateRequest, PauseMode
@@ -121,22 +124,42 @@ class Scheduler:
 
     @torch.inference_mode()  # tensors made here (KV cache, masks) never leave this thread
     def _loop(self) -> None:
-        batch = self._batch
-        while self._wait_for_work():
-            try:
-                if not batch.rows and not self._starts_at_once():
-                    self._gather()
-                self.stats.num_cancelled += batch.drop_cancelled()
-                jobs = self._take_jobs()
-                if jobs:
-                    batch.admit(jobs)
-                if batch.rows:
-                    batch.step()
-            except Exception as exc:  # a bug or a broken model: fail these requests, keep serving
-                logger.exception("batch failed")
-                batch.fail(exc)
+        while self._turn():
             self._publish_running()
-        batch.abort()
+        self._end()
+
+    def _turn(self) -> bool:
+        """One turn between two decode steps: wait for work, admit, step. False once stopped. A step that raises
+        (a bug or a broken model) fails every job it touched, those being admitted included, and the loop goes
+        on: no request is left waiting, and the engine keeps serving."""
+        batch, jobs = self._batch, []
+        try:
+            if not self._wait_for_work():
+                return False
+            if not batch.rows and not self._starts_at_once():
+                self._gather()
+            self.stats.num_cancelled += batch.drop_cancelled()
+            jobs = self._take_jobs()
+            if jobs:
+                batch.admit(jobs)
+            if batch.rows:
+                batch.step()
+        except Exception as exc:
+            logger.exception("batch failed")
+            batch.fail(exc, jobs)
+        return True
+
+    def _end(self) -> None:
+        """Stopped: the running rows end with stop reason abort, and the requests still pending are answered."""
+        try:
+            self._batch.abort()
+        except Exception as exc:
+            logger.exception("aborting the batch failed")
+            self._batch.fail(exc)
+        with self._cond:
+            pending, self._pending = list(self._pending), deque()
+        for job in pending:
+            settle(job.future, RuntimeError("the engine stopped before this request was admitted"))
         self._publish_running()
 
     def _publish_running(self) -> None:
