@@ -4,29 +4,37 @@ error, names the cause, and the engine keeps serving (docs/engines.md#the-embedd
 The real `Scheduler` and `Weights` on the tiny model, in this process. Each test injects one fault: `fault_once`
 is fault injection, a fake that replaces the one method of the step under test and raises `InjectedFault` on its
 first call (the calls after it run the real method), so the request after the fault must be served as usual.
+The weight tests push real tensors of the wrong shape through a real gloo group instead (no fake).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
+import torch
+from engine_weights import random_adapter
 
 from tx.inference.engines.embedded import batch as batch_module
 from tx.inference.engines.embedded.batch import RunningBatch
 from tx.inference.engines.embedded.generate import DecodeBatch
 from tx.inference.engines.embedded.scheduler import Scheduler
+from tx.inference.engines.embedded.transfer import WeightReceiver
 from tx.inference.engines.embedded.weights import Weights
-from tx.inference.protocol import GenerateRequest
+from tx.inference.protocol import GenerateRequest, LoraSpec, WeightsUpdateRequest
+from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
 
 WAIT_S = 20.0
 """How long a failed request may take to be answered: a few steps of the tiny model, on a loaded machine."""
 PROMPT = [5, 17, 230, 1000, 44]
 LONG = 1500
 """A request this long is still decoding when the next one arrives."""
+TARGETS = ["q_proj", "v_proj"]
+SPEC = LoraSpec(r=4, lora_alpha=8, target_modules=TARGETS)
 
 
 class InjectedFault(RuntimeError):
@@ -191,4 +199,64 @@ def test_a_listener_that_fails_answers_its_own_request_only(scheduler):
     assert_failed_by(failing, "the listener's reader is gone", ValueError)
     assert len(plain.result(timeout=WAIT_S).sequences[0].token_ids) == 40
     assert heard == listened.result(timeout=WAIT_S).sequences[0].token_ids
+    assert_serves(scheduler)
+
+
+# ---- weight loads: a push of tensors of the wrong shape through a real gloo group (no fake)
+
+
+@pytest.fixture(scope="module")
+def pusher(weights) -> Iterator[Callable[..., object]]:
+    """`push(named, adapter)`: one update through the engine's real `WeightReceiver` over a gloo group with this
+    process as the trainer (rank 0); what `WeightReceiver.update` returned, or raised."""
+    init = TransferInit(backend="gloo", master_address="127.0.0.1", master_port=free_port(), world_size=2,
+                        rank_offset=1, group_name=f"test-{uuid.uuid4().hex}", timeout_s=60)
+    receiver = WeightReceiver(weights)
+    receiver.init(init)
+    sender = BroadcastSender(init)
+    sender.connect()
+
+    def push(named, adapter: str):
+        update = plan_update(named, bucket_bytes=1 << 14)
+        body = WeightsUpdateRequest(transfer=update, adapter=adapter, lora=SPEC)
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(receiver.update, body)
+            sender.send(named, update)
+            return answer.exception(timeout=WAIT_S) or answer.result()
+
+    yield push
+    sender.close()
+    receiver.close()
+
+
+def adapter_tensors(reference_model, seed: int, misshapen: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """A random adapter's tensors; `misshapen`: its second tensor one column short (a fault the load meets after
+    loading the first)."""
+    _, named = random_adapter(reference_model, seed, r=SPEC.r, lora_alpha=SPEC.lora_alpha, targets=TARGETS)
+    if misshapen:
+        name, tensor = named[1]
+        named[1] = (name, tensor[:, :-1].contiguous())
+    return named
+
+
+def test_an_adapter_load_that_fails_midway_answers_the_push_and_loads_nothing(scheduler, weights, pusher,
+                                                                               reference_model):
+    error = pusher(adapter_tensors(reference_model, 1, misshapen=True), "broken")
+    assert isinstance(error, RuntimeError) and "size mismatch" in str(error), error
+    assert not weights.has_adapter("broken"), "a half-loaded adapter was left to sample from"
+    assert not isinstance(pusher(adapter_tensors(reference_model, 1), "broken"), BaseException)  # same group
+    assert_serves(scheduler, adapter="broken")
+    assert_serves(scheduler)
+    weights.delete_adapter("broken")
+
+
+def test_an_update_in_place_that_fails_ends_the_requests_generating_with_it(scheduler, weights, pusher,
+                                                                            reference_model):
+    assert not isinstance(pusher(adapter_tensors(reference_model, 2), "live"), BaseException)
+    long = running(scheduler, adapter="live")
+    error = pusher(adapter_tensors(reference_model, 3, misshapen=True), "live")
+    assert isinstance(error, RuntimeError) and "size mismatch" in str(error), error
+    (seq,) = long.result(timeout=WAIT_S).sequences
+    assert seq.stop_reason == "abort" and len(seq.token_ids) < LONG, "it went on with half-replaced weights"
+    assert not weights.has_adapter("live")
     assert_serves(scheduler)

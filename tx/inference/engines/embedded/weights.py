@@ -168,21 +168,28 @@ class Weights:
     def load_adapter(self, name: str, spec: LoraSpec, tensors: dict[str, torch.Tensor]) -> None:
         """Create (or re-create, if its config changed) adapter `name` and set its LoRA tensors. An adapter it holds
         with the same config is updated in place: its parameters are copied over under the lock, between two
-        decode steps, and requests generating with it go on with the new weights."""
+        decode steps, and requests generating with it go on with the new weights. A load that fails midway (a
+        tensor of the wrong shape) unloads the adapter and raises: no request samples half-loaded weights, and
+        requests generating with it end with stop reason abort (`Scheduler`)."""
         from peft import set_peft_model_state_dict
 
         with self.lock:
             model = self._awake_model()
             if self.lora_specs.get(name) == spec and self._copy_in_place(model, name, tensors):
                 return
-            if self.lora_specs.get(name) != spec:
-                model = self._create_adapter(name, spec)
-            state = {_peft_name(key): value for key, value in tensors.items()}
-            with exact_targets():
-                result = set_peft_model_state_dict(model, state, adapter_name=self._peft_names[name])
-            unexpected = list(getattr(result, "unexpected_keys", []) or [])
-            if unexpected:
-                raise UserError(f"unexpected LoRA tensors for adapter {name!r}: {unexpected[:5]}")
+            try:
+                if self.lora_specs.get(name) != spec:
+                    model = self._create_adapter(name, spec)
+                state = {_peft_name(key): value for key, value in tensors.items()}
+                with exact_targets():
+                    result = set_peft_model_state_dict(model, state, adapter_name=self._peft_names[name])
+                unexpected = list(getattr(result, "unexpected_keys", []) or [])
+                if unexpected:
+                    raise UserError(f"unexpected LoRA tensors for adapter {name!r}: {unexpected[:5]}")
+            except Exception:  # half-loaded (or half-replaced): unloaded, so no request samples it
+                if name in self.adapters:
+                    self._delete(name)
+                raise
             self._forget_active()
 
     def _copy_in_place(self, model: ServedModel, name: str, tensors: dict[str, torch.Tensor]) -> bool:
