@@ -26,6 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tx.backends.torch.batch import build_micro_batch, text_items
+from tx.models.agreement import difference, tolerance
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,6 @@ CHECK_LENGTHS = (11, 5, 23, 7)
 """The self-check's datums: packed, rows of 23 are [23] and [11 + 7 + 5]; 23 is longer than a tiny sliding
 window (16), so windows are checked too."""
 CHECK_SEED = 0
-FLOAT32_TOLERANCE = 1e-4
-"""Most a logprob may differ, packed against padded, in float32 (measured: ~2e-6 where packing is right,
-0.5-5 nats where it is not)."""
-HALF_TOLERANCE = 1e-2
-"""Most a position's KL divergence may be, packed against padded, in 16-bit (rounding differs by shape)."""
 
 
 def boundary_masks(
@@ -74,9 +70,8 @@ def choose_packing(model: PreTrainedModel, vision: bool, name: str) -> PackingMo
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # the model refuses this form
             logger.info("%s: %s rows refused (%s)", name, mode, exc)
             continue
-        full = model.dtype == torch.float32
-        error = _difference(packed, reference, full)
-        if error <= (FLOAT32_TOLERANCE if full else HALF_TOLERANCE):
+        error = difference(packed, reference, model.dtype == torch.float32)
+        if error <= tolerance(model.dtype):
             logger.info("%s: %s rows (packed vs padded differ by %.2g)", name, mode, error)
             return mode
         logger.info("%s: %s rows would mix datums (differ by %.3g from padded rows)", name, mode, error)
@@ -99,9 +94,3 @@ def _check_logprobs(model: PreTrainedModel, mode: PackingMode) -> torch.Tensor:
                        use_cache=False).logits
     return torch.log_softmax(logits.flatten(0, 1).index_select(0, micro.index).float(), dim=-1)
 
-
-def _difference(got: torch.Tensor, want: torch.Tensor, full_precision: bool) -> float:
-    """Max |logprob difference| (a float32 model); max KL(want || got) over positions (a 16-bit one)."""
-    if full_precision:
-        return float((got - want).abs().max())
-    return float((want.exp() * (want - got)).sum(-1).max())

@@ -1,5 +1,6 @@
 """The embedded engine's attention: the trainer's choice for the family (`tx/models/attention.py`), with SDPA
-run as `gqa_sdpa` (the same math, without copying grouped key/value heads on cpu)."""
+run as `gqa_sdpa` (the same math, without copying grouped key/value heads on cpu), unless the engine's
+self-check finds the family's code branching on the implementation's name (`selfcheck.py`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ from tx.models.attention import choose_attention
 _GQA_SDPA = "tx_gqa_sdpa"
 
 
-def engine_attention(model_dir: Path, device: torch.device, dtype: torch.dtype,
-                     forced: AttnImplementation | None) -> str:
-    """The attention implementation to load the engine's model with."""
+def family_attention(model_dir: Path, device: torch.device, dtype: torch.dtype,
+                     forced: AttnImplementation | None) -> AttnImplementation:
+    """The implementation the trainer runs the family with (`tx/models/attention.py`)."""
     half = dtype in (torch.bfloat16, torch.float16)
-    attention = choose_attention(model_dir, device.type, half, forced)
-    return gqa_sdpa() if attention == "sdpa" else attention
+    return choose_attention(model_dir, device.type, half, forced)
+
+
+def engine_attention(family: AttnImplementation) -> str:
+    """The implementation to load the engine's model with, given the family's: SDPA runs as `gqa_sdpa`. The
+    engine's self-check (`selfcheck.py`) goes back to the family's own where the two differ."""
+    return gqa_sdpa() if family == "sdpa" else family
 
 
 def gqa_sdpa() -> str:

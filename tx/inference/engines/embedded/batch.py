@@ -108,7 +108,7 @@ class RunningBatch:
         if not self.rows:
             return True
         assert self.decode is not None
-        return job.vision is None and self.decode.joinable
+        return job.vision is None and self.decode.joinable and self.weights.serving.joins
 
     def admit(self, jobs: list[Job]) -> None:
         """Prefill `jobs` together, sample their first tokens and append their rows to the running batch. A failure
@@ -128,23 +128,27 @@ class RunningBatch:
         weights = self.weights
         for job in jobs:
             job.rows = [Row.create(job.request, i, weights.eos_ids) for i in range(job.request.n)]
+        expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
+        # a job's rows share its prompt's prefill (cache rows copied), unless the engine's self-check found
+        # copying rows wrong for the model (`ServingPlan.reorder`): then each row is prefilled from the prompt
+        prefilled = list(range(len(jobs))) if weights.serving.reorder else expand  # the job of each prefill row
         batch = DecodeBatch(weights.pad_id)
         with weights.lock:
-            model = weights.use([job.request.adapter for job in jobs])
+            model = weights.use([jobs[j].request.adapter for j in prefilled])
             num_kept = max(logits_needed(job.request) for job in jobs)
-            kept = batch.prefill(model, [job.request.prompt_token_ids for job in jobs], num_kept,
-                                 [job.vision for job in jobs])
-        _score_prompts(jobs, kept)
-        expand = [j for j, job in enumerate(jobs) for _ in range(job.request.n)]
-        if len(expand) != len(jobs):
+            kept = batch.prefill(model, [jobs[j].request.prompt_token_ids for j in prefilled], num_kept,
+                                 [jobs[j].vision for j in prefilled])
+        _score_prompts(jobs, kept[[prefilled.index(j) for j in range(len(jobs))]])
+        if len(prefilled) != len(expand):
             batch.select_rows(expand)
+            kept = kept[expand]
         owners = [job for job in jobs for _ in job.rows]
-        self._sample(kept[expand, -1], [row for job in jobs for row in job.rows], owners)
+        self._sample(kept[:, -1], [row for job in jobs for row in job.rows], owners)
         return batch, owners
 
     def _join(self, jobs: list[Job], batch: DecodeBatch, owners: list[Job]) -> None:
         """Append the prefilled `batch` of `jobs` to the running rows."""
-        self.takes_joins = batch.joinable
+        self.takes_joins = batch.joinable and self.weights.serving.joins
         if self.decode is None:
             self.decode = batch
         else:
@@ -160,11 +164,13 @@ class RunningBatch:
     def step(self) -> None:
         """One decode step for every live row (each has one sampled token the cache has not seen)."""
         assert self.decode is not None
+        live = next(row for row in self.rows if not row.done)  # rows that stopped may stay (`drop_finished`)
+        tokens = [row.token_ids[-1] if row.token_ids else self.weights.pad_id for row in self.rows]
         with self.weights.lock:
-            adapters = self.adapters
+            adapters = [(live if row.done else row).request.adapter for row in self.rows]
             model = self.weights.use(adapters)
             lean = self.weights.lean_plan(model) if len(set(adapters)) == 1 else None
-            logits = self.decode.step(model, [row.token_ids[-1] for row in self.rows], lean)
+            logits = self.decode.step(model, tokens, lean)
         self._sample(logits, self.rows, self.owners)
         self.stats.num_decode_steps += 1
         self._record_shape()
@@ -174,7 +180,8 @@ class RunningBatch:
         live = [i for i, row in enumerate(rows) if not row.done]
         if not live:
             return
-        tokens, logprobs, topk = sample_next(logits[live], [rows[i] for i in live])
+        never = self.weights.never_sampled  # a vision-language model's placeholders (generate.py)
+        tokens, logprobs, topk = sample_next(logits[live], [rows[i] for i in live], never)
         for i, token, logprob, best in zip(live, tokens, logprobs, topk):
             rows[i].append(token, logprob, self.weights.decode, best)
             self._tell(owners[i], rows[i].sample_index, token, logprob)
@@ -193,10 +200,12 @@ class RunningBatch:
                 row.stop_reason = row.stop_reason or "abort"
 
     def drop_finished(self) -> None:
-        """Rows that stopped leave the batch; the jobs all of whose rows stopped are answered."""
+        """Rows that stopped leave the batch; the jobs all of whose rows stopped are answered. Where the engine's
+        self-check found re-indexing the cache wrong for the model (`ServingPlan.reorder`), stopped rows stay
+        (stepped, never sampled) until every row has stopped."""
         keep = [i for i, row in enumerate(self.rows) if not row.done]
         self.jobs = [job for job in self.jobs if not job.resolve_if_done()]
-        if len(keep) == len(self.rows):
+        if len(keep) == len(self.rows) or keep and not self.weights.serving.reorder:
             return
         self.rows = [self.rows[i] for i in keep]
         self.owners = [self.owners[i] for i in keep]

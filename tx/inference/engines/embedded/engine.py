@@ -104,6 +104,9 @@ class EmbeddedEngine:
 
     def _validate(self, request: GenerateRequest) -> None:
         weights = self.weights
+        if weights.serving.refused:
+            raise UserError(f"this engine cannot serve {self.config.model_dir.name} exactly: "
+                            f"{weights.serving.refused}; see docs/engines.md#the-engines-self-check")
         ids = request.prompt_token_ids + request.stop_token_ids
         bad = [t for t in ids if not 0 <= t < weights.vocab_size]
         if bad:

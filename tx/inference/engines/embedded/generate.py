@@ -9,7 +9,10 @@ Design / who owns what:
 - `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise
   temperature / top-k / top-p on sorted logits and inverse-CDF sampling with one uniform draw per row from the
   row's generator, so a seeded row gives the same tokens whatever batch it runs in. A row that asks for it also
-  gets the k most likely tokens of each step with their raw logprobs.
+  gets the k most likely tokens of each step with their raw logprobs. Ids the model must never be handed as
+  text beside images (a vision-language model's placeholders, `Weights.never_sampled`) are masked in the draw
+  only: the distribution drawn from is renormalised over the other ids, the logprobs reported stay the raw
+  model's (docs/model-families.md#image-placeholder-tokens-in-text).
 - The prompt's own scores come from the prefill's kept logits: prompt logprobs and top-k (`prompt_logprobs`),
   the logprobs of chosen ids (`target_logprobs`), and k draws per position (`alternative_tokens`).
 """
@@ -84,18 +87,19 @@ class Row:
 Step = tuple[list[int], list[float], list[list[tuple[int, float]] | None]]
 
 
-def sample_next(logits: torch.Tensor, rows: Sequence[Row]) -> Step:
+def sample_next(logits: torch.Tensor, rows: Sequence[Row], never: Sequence[int] = ()) -> Step:
     """One token per row from `logits` [rows, vocab] (fp32), the raw logprob of each, and the k most likely
-    (token, raw logprob) of the rows that ask for them (None for the others)."""
+    (token, raw logprob) of the rows that ask for them (None for the others). No row draws an id of `never`."""
     logits = logits.float()
+    drawn = logits.index_fill(1, torch.tensor(never, dtype=torch.long), float("-inf")) if never else logits
     sampled = [i for i, row in enumerate(rows) if row.request.temperature > 0]
     if len(sampled) == len(rows):  # every row samples: no argmax, no row selection
-        tokens = _sample_rows(logits, rows)
+        tokens = _sample_rows(drawn, rows)
     else:
-        tokens = logits.argmax(dim=-1)
+        tokens = drawn.argmax(dim=-1)
         if sampled:
             index = torch.tensor(sampled)
-            tokens[index] = _sample_rows(logits[index], [rows[i] for i in sampled])
+            tokens[index] = _sample_rows(drawn[index], [rows[i] for i in sampled])
     # log_softmax(x)[t] = x[t] - logsumexp(x): no [rows, vocab] logprob tensor per step
     norm = torch.logsumexp(logits, dim=-1)
     chosen = logits.gather(1, tokens[:, None])[:, 0] - norm

@@ -10,7 +10,8 @@ Design / who owns what:
   static batch, or no batch yet) it first waits `batch_wait_s` windows while requests keep arriving, so a burst
   is prefilled together.
 - A batch whose cache cannot take new rows (a sliding window, linear attention, image rope offsets: see
-  `DecodeBatch.joinable`) runs as a static batch: requests wait until it ends.
+  `DecodeBatch.joinable`), or whose model failed the engine's join self-check (`selfcheck.py`), runs as a static
+  batch: requests wait until it ends. A model that failed the padded self-check gets one request per batch.
 - Pausing is a set of reasons (the user's pause, the engine's sleep), each with a mode. While any reason is
   set nothing is admitted; `abort` ends the running rows at the next step boundary (stop reason "abort",
   partial tokens kept); `wait` lets them finish; `keep` freezes them between two steps until the reason is
@@ -223,7 +224,8 @@ class Scheduler:
         """The pending requests that join now, oldest first, as many rows as fit; none while paused."""
         batch = self._batch
         with self._cond:
-            if self._reasons or not self._pending or (self.static and batch.rows):
+            single = not self.weights.serving.padded  # a batch holds one request: its rows have one length
+            if self._reasons or not self._pending or ((self.static or single) and batch.rows):
                 return []
             free = self.max_batch_size - len(batch.rows)
             adapter = (batch.rows[0] if batch.rows else self._pending[0]).request.adapter
@@ -235,6 +237,7 @@ class Scheduler:
                     self.stats.num_cancelled += 1
                     continue
                 fits = job.request.n <= free or not (taken or batch.rows)  # one request may exceed the size
+                fits = fits and not (single and taken)
                 if fits and (mixable or job.request.adapter == adapter) and batch.accepts(job):
                     taken.append(job)
                     free -= job.request.n
