@@ -1,6 +1,7 @@
 """A vision-language model's placeholder tokens where they are text
 (docs/model-families.md#image-placeholder-tokens-in-text).
 
+- `placeholder_ids`: the image and video placeholder ids of a model's config; the engines never sample them.
 - `text_placeholders_apart`: one forward over inputs with and without images. Hugging Face's forward counts
   every image placeholder id in `input_ids` against the image features it is given (and fails on a mismatch),
   while tx knows which positions are images (`mm_token_type_ids`). So a placeholder in the text of an input
@@ -17,6 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+_PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id")
+
+
+def placeholder_ids(config: Mapping[str, Any]) -> tuple[int, ...]:
+    """The image and video placeholder ids of a model's config.json (as a dict); () for a text-only model."""
+    if "vision_config" not in config:
+        return ()
+    return tuple(sorted({int(config[key]) for key in _PLACEHOLDER_KEYS if config.get(key) is not None}))
 
 
 @contextmanager
@@ -44,10 +54,21 @@ def text_placeholders_apart(
         looked_up.append(True)
         return (input_ids, *args[1:])
 
-    handle = model.get_input_embeddings().register_forward_pre_hook(real_ids)
+    handle = _input_embedding(model).register_forward_pre_hook(real_ids)
     try:
         yield swapped
     finally:
         handle.remove()
     if not looked_up:
         raise RuntimeError(f"{type(model).__name__}'s input embedding never saw the ids handed to its forward")
+
+
+def _input_embedding(model: torch.nn.Module) -> torch.nn.Module:
+    """`model`'s input embedding (transformers' and PEFT's models name it with `get_input_embeddings`)."""
+    import torch
+
+    get = getattr(model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    if not isinstance(embedding, torch.nn.Module):
+        raise TypeError(f"{type(model).__name__} has no input embedding module (get_input_embeddings)")
+    return embedding

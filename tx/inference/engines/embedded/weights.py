@@ -27,14 +27,16 @@ import torch
 
 from tx.config.names import AttnImplementation
 from tx.devices import resolve_device
-from tx.inference.engines.embedded.attention import engine_attention
+from tx.inference.engines.embedded.attention import engine_attention, family_attention
 from tx.inference.engines.embedded.lean_decode import Plan, plan, supports
 from tx.inference.engines.embedded.mixing import BASE, AdapterMixer
 from tx.inference.engines.embedded.prebuilt import take_tokenizer
+from tx.inference.engines.embedded.selfcheck import ServingPlan, check_serving
 from tx.inference.engines.embedded.stash import release_memory, restore_parameters, stash_parameters
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.models.auto import load_frozen
 from tx.models.lora_targets import LoraTargets, exact_targets, peft_config
+from tx.multimodal.placeholders import placeholder_ids
 from tx.types import ConflictError, NotFoundError, UserError
 
 if TYPE_CHECKING:
@@ -70,14 +72,14 @@ class Weights:
         `attention`: forced; None chooses as the trainer does (`tx/models/attention.py`)."""
         self.model_dir = Path(model_dir)
         self.dtype: torch.dtype = getattr(torch, dtype)
-        self.attention: AttnImplementation | None = attention
         self.max_adapters = max_adapters
         self.stash_dir = stash_dir
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # this thread's; the scheduler loop runs on it in the engine
         self.lock = threading.RLock()
-        base = self._load()
+        self.family_attention = family_attention(self.model_dir, self.device, self.dtype, attention)
+        base = self._load(engine_attention(self.family_attention))
         self.model: ServedModel | None = base  # None after a level 2 sleep
         logger.info("model %s loaded on %s (%s)", self.model_dir, self.device, self.dtype)
         self.tokenizer = take_tokenizer(self.model_dir)
@@ -85,6 +87,7 @@ class Weights:
         self.vocab_size: int = config.vocab_size
         self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
         self.eos_ids = _eos_ids(base)
+        self.never_sampled = placeholder_ids(base.config.to_dict())  # a VLM's: never drawn (generate.py)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if pad is not None else (self.eos_ids or (0,))[0]
         self.pad_id: int = int(pad)
@@ -99,6 +102,8 @@ class Weights:
         self._active: object = _UNSET
         self._mixer = AdapterMixer()
         self._lean: tuple[object, Plan | None] = (None, None)
+        with torch.inference_mode():
+            self.serving: ServingPlan = check_serving(base, self.pad_id, self.family_attention, self.lean_plan)
 
     # ---- serving
 
@@ -316,15 +321,13 @@ class Weights:
         self.base_version = None
         self._forget_active()
 
-    def _load(self) -> PreTrainedModel:
-        """The base model: frozen, the trainer's choice of attention (`attention.engine_attention`), in private memory
-        on cpu."""
-        attention = engine_attention(self.model_dir, self.device, self.dtype, self.attention)
+    def _load(self, attention: str) -> PreTrainedModel:
+        """The base model: frozen, with `attention`, in private memory on cpu."""
         logger.info("attention: %s", attention)
         return load_frozen(self.model_dir, self.device, self.dtype, attention, private_copy=True)
 
     def _reload(self) -> None:
-        self.model = self._load()
+        self.model = self._load(self.serving.attention)  # as the self-check chose
         self._forget_active()
 
     def _awake_model(self) -> ServedModel:
