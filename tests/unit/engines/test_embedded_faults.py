@@ -9,6 +9,7 @@ The weight tests push real tensors of the wrong shape through a real gloo group 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -25,6 +26,8 @@ from tx.inference.engines.embedded.generate import DecodeBatch
 from tx.inference.engines.embedded.scheduler import Scheduler
 from tx.inference.engines.embedded.transfer import WeightReceiver
 from tx.inference.engines.embedded.weights import Weights
+from tx.inference.engines.http import detail_of
+from tx.inference.engines.streaming import TokenStream
 from tx.inference.protocol import GenerateRequest, LoraSpec, WeightsUpdateRequest
 from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
 
@@ -260,3 +263,24 @@ def test_an_update_in_place_that_fails_ends_the_requests_generating_with_it(sche
     assert seq.stop_reason == "abort" and len(seq.token_ids) < LONG, "it went on with half-replaced weights"
     assert not weights.has_adapter("live")
     assert_serves(scheduler)
+
+
+# ---- the error names its cause, on both generate routes
+
+
+def test_a_failed_stream_ends_with_an_error_event_naming_the_cause():
+    """The stream route's last line, for a request a step failed after its first line (`TokenStream`), says what
+    the plain route's 500 says: the error's type and message."""
+    cause = InjectedFault("injected fault in step")
+
+    async def events() -> list:
+        stream, future = TokenStream(), Future()
+        stream.finish_with(future)
+        stream.listener(0, 7, -1.0)
+        future.set_exception(cause)
+        return [event async for event in stream.events()]
+
+    *deltas, last = asyncio.run(events())
+    assert [d.token_ids for event in deltas for d in event.deltas] == [[7]]
+    assert (last.error_status, last.error_detail) == (500, "InjectedFault: injected fault in step")
+    assert detail_of(cause) == last.error_detail

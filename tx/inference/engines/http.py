@@ -2,7 +2,8 @@
 
 Errors map to the contract's statuses (`tx/inference/protocol/`): `UserError` 400, `NotFoundError` 404,
 `ConflictError` 409, an `UpstreamError` (vLLM's error status) its own status, anything else 500; always a JSON
-body `{"detail": ...}`.
+body `{"detail": ...}`, whose text names an unexpected error's type too (`detail_of`), so tx's caller learns the
+cause of a failed step.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def status_of(exc: Exception) -> int:
     return next((status for error, status in ERROR_STATUS.items() if isinstance(exc, error)), 500)
 
 
+def detail_of(exc: Exception) -> str:
+    """The detail the error policy answers `exc` with: its message, after its type for an unexpected error (a step
+    that failed: "RuntimeError: The size of tensor a ...")."""
+    if isinstance(exc, (*ERROR_STATUS, UpstreamError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
 def add_error_handlers(app: FastAPI) -> None:
     """The error policy on `app`."""
 
@@ -57,7 +66,7 @@ def add_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(error, known)
 
     async def internal(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+        return JSONResponse(status_code=500, content={"detail": detail_of(exc)})
 
     app.add_exception_handler(Exception, internal)
     answer_disconnects(app)

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 
-from tx.inference.engines.http import status_of
+from tx.inference.engines.http import detail_of, status_of
 from tx.inference.protocol import GenerateResponse
 from tx.inference.protocol.stream import GenerateEvent, TokenDelta
 
@@ -53,7 +53,7 @@ class TokenStream:
         try:
             yield GenerateEvent(result=self._future.result())
         except Exception as exc:  # noqa: BLE001 - the error policy's status, as an event
-            yield GenerateEvent(error_status=status_of(exc), error_detail=str(exc))
+            yield GenerateEvent(error_status=status_of(exc), error_detail=detail_of(exc))
 
     async def _deltas(self) -> AsyncIterator[GenerateEvent]:
         ended = False
