@@ -30,7 +30,7 @@ from tx.inference.engines.vllm.translate import (
 from tx.inference.protocol import GenerateRequest, PromptImage
 from tx.types import UserError
 
-IMG = 99
+IMG = 2005  # the tiny tokenizer's <|image_pad|> (tx.models.tiny_files)
 VISION = VisionModel(image_token_id=IMG)
 
 
@@ -70,10 +70,24 @@ def test_vision_from_config_reads_the_image_token():
 
 
 def test_vision_model_load_from_a_model_dir(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"vision_config": {}, "image_token_id": 7}))
-    assert VisionModel.load(tmp_path) == VisionModel(7)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    assert VisionModel.load(tmp_path) is None
+    """The placeholder ids' text from the tokenizer: what vLLM's bad_words ban (images and videos alike)."""
+    from tx.models.tiny_vlm import write_tiny_vlm
+
+    model_dir = write_tiny_vlm(tmp_path / "vlm")
+    assert VisionModel.load(model_dir) == VisionModel(2005, ("<|image_pad|>", "<|video_pad|>"))
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert VisionModel.load(model_dir) is None
+
+
+def test_a_placeholder_that_is_not_one_token_of_text_is_refused(tmp_path):
+    from tx.models.tiny_vlm import write_tiny_vlm
+
+    model_dir = write_tiny_vlm(tmp_path / "vlm")
+    config = json.loads((model_dir / "config.json").read_text())
+    for token in (94, 2013):  # a byte-level token whose text encodes to another id; no token at all
+        (model_dir / "config.json").write_text(json.dumps({**config, "video_token_id": token}))
+        with pytest.raises(ValueError, match=f"token {token} .* does not encode back to itself alone"):
+            VisionModel.load(model_dir)
 
 
 # ---- checks before vLLM
@@ -94,7 +108,7 @@ def test_a_valid_image_request_passes():
         (VISION, _request(), 1, "holds 2 images; this engine takes at most 1 per prompt"),
         (VISION, _request(images=[_image(2, 3), _image(6, 3)]), 4, "image 1: its span does not hold 3"),
         (VISION, _request(images=[_image(1, 3), _image(6, 2)]), 4, "image 0: its span does not hold 3"),
-        (VISION, _request(images=[_image(2, 3)]), 4, "placeholder tokens .99. outside its images: beside"),
+        (VISION, _request(images=[_image(2, 3)]), 4, "placeholder tokens .2005. outside its images: beside"),
         (VISION, _request(images=[_image(6, 2), _image(2, 3)]), 4, "image 1: its span"),  # out of order
     ],
 )
@@ -157,6 +171,17 @@ def test_tokens_body_carries_the_completion_sampling_params():
             "logprobs": 0, "prompt_logprobs": 2 if i == 0 else None, "skip_special_tokens": False,
         }
     json.dumps(out)
+
+
+def test_a_vlms_placeholders_are_banned_in_every_body():
+    """Issue 37: the engines never sample a placeholder (vLLM's bad_words: -inf in the draw, after its raw
+    logprobs); text-only and image prompts alike."""
+    never = ("<|image_pad|>", "<|video_pad|>")
+    text = GenerateRequest(prompt_token_ids=[1, 2], n=2, seed=3)
+    assert all(body["bad_words"] == list(never) for body in completion_bodies(text, "tx-base", never=never))
+    assert "bad_words" not in completion_bodies(text, "tx-base")[0]  # a text-only model: nothing banned
+    (body,) = completion_bodies(_request(), "tx-base", never=never)
+    assert tokens_body(body, [1], [])["sampling_params"]["bad_words"] == list(never)
 
 
 def test_max_tokens_zero_asks_for_one_token():
@@ -252,8 +277,12 @@ class RecordingChild:
 def _engine(tmp_path, vision: bool, **config):
     from tx.inference.engines.vllm.server import VllmEngine
 
+    from tx.models.tiny_files import write_tokenizer
+
     model = {"vision_config": {}, "image_token_id": IMG} if vision else {"model_type": "qwen3"}
     (tmp_path / "config.json").write_text(json.dumps(model))
+    if vision:
+        write_tokenizer(tmp_path)  # the placeholder's text, for vLLM's bad_words
     cfg = VllmEngineConfig(model_dir=tmp_path, cluster_secret="secret-for-tests", **config)
     child = RecordingChild()
     return VllmEngine(cfg, child, tmp_path), child
@@ -266,10 +295,12 @@ def test_engine_routes_image_prompts_to_the_tokens_api(tmp_path):
     ((path, body),) = child.calls
     assert path == "/inference/v1/generate"
     assert body["token_ids"] == [5, 6, IMG, 7, IMG, 8] and len(body["content_parts"]) == 2
+    assert body["sampling_params"]["bad_words"] == ["<|image_pad|>"]  # never sampled (issue 37)
 
-    text = asyncio.run(engine.generate(GenerateRequest(prompt_token_ids=[5, 6], max_tokens=1)))
+    text = asyncio.run(engine.generate(GenerateRequest(prompt_token_ids=[5, IMG, 6], max_tokens=1)))
     assert text.sequences[0].token_ids == [3]
-    assert child.calls[-1][0] == "/v1/completions" and child.calls[-1][1]["prompt"] == [5, 6]
+    assert child.calls[-1][0] == "/v1/completions" and child.calls[-1][1]["prompt"] == [5, IMG, 6]
+    assert child.calls[-1][1]["bad_words"] == ["<|image_pad|>"]
 
 
 def test_engine_refuses_too_many_images_before_vllm(tmp_path):

@@ -15,6 +15,7 @@ from image_helpers import encode, image_prompt
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
 from tx.inference.engines.embedded.engine import EmbeddedEngine
+from tx.inference.engines.embedded.generate import Row, sample_next
 from tx.inference.protocol import GenerateRequest
 from tx.types import Datum, ForwardBackwardInput, ImageChunk, LoraConfig, ModelInput, TextChunk, UserError
 
@@ -128,3 +129,60 @@ def test_a_placeholder_in_text_beside_images_is_refused(backend, engine, preset_
     with pytest.raises(UserError, match="beside image"):
         engine.submit(GenerateRequest(prompt_token_ids=ids, images=[prompt_image], max_tokens=1))
 
+
+# ---- the embedded engine never samples a placeholder (masked in the draw; the logprob stays the model's)
+
+
+def _rows(*settings: dict) -> list[Row]:
+    requests = [GenerateRequest(prompt_token_ids=[1], seed=index, **kw) for index, kw in enumerate(settings)]
+    return [Row.create(request, 0, eos_ids=()) for request in requests]
+
+
+def test_no_row_draws_a_never_id_even_as_the_most_likely() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    logits[:, [7, 8]] = 30.0  # ~all the mass
+    raw = torch.log_softmax(logits, -1)
+    for _ in range(50):
+        rows = _rows({"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 100.0},
+                     {"temperature": 1.0, "top_k": 1, "top_p": 0.5})
+        tokens, logprobs, _ = sample_next(logits, rows, never=(7, 8))
+        assert not {7, 8} & set(tokens)
+        assert logprobs == pytest.approx(raw[torch.arange(4), torch.tensor(tokens)].tolist())  # raw, not renormalised
+    masked = logits.index_fill(1, torch.tensor([7, 8]), float("-inf"))
+    assert [tokens[0], tokens[3]] == masked[[0, 3]].argmax(-1).tolist()  # greedy and top-1: the best of the rest
+    assert set(sample_next(logits, _rows({"temperature": 0.0}))[0]) <= {7, 8}  # unmasked: the model's choice
+
+
+def test_a_seeded_row_draws_the_same_with_an_empty_mask() -> None:
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
+    settings = ({"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9})
+    assert sample_next(logits, _rows(*settings), never=()) == sample_next(logits, _rows(*settings))
+
+
+def test_weights_name_a_vlms_placeholders_and_no_text_models(engine, preset_dir, tiny_model_dir) -> None:
+    from tx.multimodal.placeholders import placeholder_ids as from_config
+
+    assert engine.weights.never_sampled == tuple(sorted(placeholder_ids(preset_dir)))
+    assert from_config(json.loads((tiny_model_dir / "config.json").read_text())) == ()
+
+
+def test_the_engine_never_samples_a_placeholder_its_model_prefers(engine, preset_dir) -> None:
+    """The head is hooked to put ~all the mass on the placeholders: the engine draws another token and reports
+    the raw model's logprob of it (far below any renormalised one)."""
+    never = placeholder_ids(preset_dir)
+    head = engine.weights.model.get_output_embeddings()
+
+    def prefer_placeholders(_module, _args, logits):
+        logits[..., list(never)] += 1e4
+        return logits
+
+    handle = head.register_forward_hook(prefer_placeholders)
+    try:
+        for temperature in (0.0, 1.0, 50.0):
+            request = GenerateRequest(prompt_token_ids=[10, 11, 12], n=4 if temperature else 1, max_tokens=1,
+                                      temperature=temperature, seed=3, stop_at_eos=False)
+            for sequence in engine.submit(request).result(120).sequences:
+                assert sequence.token_ids[0] not in never
+                assert sequence.logprobs[0] < -1000
+    finally:
+        handle.remove()

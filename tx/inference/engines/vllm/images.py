@@ -21,18 +21,21 @@ config.json has a `vision_config`), at most `max_images_per_prompt` images, each
 placeholder tokens and no placeholder lies outside a span, and each image is valid base64 of a PNG or JPEG
 under tx's caps. A prompt without images goes to `/v1/completions` as text, placeholder tokens included: vLLM
 finds images by the request's multimodal data, not by token ids
-(docs/model-families.md#image-placeholder-tokens-in-text).
+(docs/model-families.md#image-placeholder-tokens-in-text). Every request to a vision-language model bans its
+placeholder tokens (`bad_words`: -inf in the draw, after vLLM's raw logprobs are taken), so tx never samples
+one.
 """
 
 from __future__ import annotations
 
 import binascii
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tx.inference.protocol import GenerateRequest
+from tx.multimodal.placeholders import placeholder_ids
 from tx.types import UserError
 
 _MIME = {"png": "image/png", "jpeg": "image/jpeg"}
@@ -40,14 +43,21 @@ _MIME = {"png": "image/png", "jpeg": "image/jpeg"}
 
 @dataclass(frozen=True)
 class VisionModel:
-    """What the engine needs to know about a vision-language model: its image placeholder token."""
+    """What the engine needs to know about a vision-language model: its image placeholder token, and the text of
+    the placeholder tokens (image and video) vLLM must never sample, its `bad_words`
+    (docs/model-families.md#image-placeholder-tokens-in-text)."""
 
     image_token_id: int
+    never_sampled: tuple[str, ...] = ()
 
     @classmethod
     def load(cls, model_dir: Path) -> VisionModel | None:
-        """The model's vision facts from its config.json, or None for a text-only model."""
-        return vision_from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+        """The model's vision facts from its config.json and tokenizer, or None for a text-only model."""
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        vision = vision_from_config(config)
+        if vision is None:
+            return None
+        return replace(vision, never_sampled=placeholder_words(model_dir, placeholder_ids(config)))
 
 
 def vision_from_config(config: dict[str, Any]) -> VisionModel | None:
@@ -58,6 +68,20 @@ def vision_from_config(config: dict[str, Any]) -> VisionModel | None:
     if token is None:
         raise ValueError("the model's config.json has a vision_config but no image_token_id")
     return VisionModel(image_token_id=int(token))
+
+
+def placeholder_words(model_dir: Path, ids: tuple[int, ...]) -> tuple[str, ...]:
+    """The text of each placeholder id, as vLLM's `bad_words` take it; a ValueError when one does not encode back
+    to its id alone (vLLM would then ban other tokens, or not this one)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    words = tuple(tokenizer.convert_ids_to_tokens(list(ids)))
+    for token, word in zip(ids, words, strict=True):
+        if word is None or tokenizer.encode(word, add_special_tokens=False) != [token]:
+            raise ValueError(f"the placeholder token {token} ({word!r}) does not encode back to itself alone, so "
+                             "vLLM's bad_words cannot keep it from being sampled")
+    return words
 
 
 def is_multimodal(model_dir: Path) -> bool:

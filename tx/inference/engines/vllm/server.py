@@ -124,7 +124,8 @@ class VllmEngine:
             raise NotFoundError(f"adapter {request.adapter!r} was unloaded")
         model = request.adapter or self.child.served_name
         isolate = wants_prompt_logprobs(request) and bool(self.adapters)
-        bodies = completion_bodies(request, model, isolate_prompt_logprobs=isolate)
+        never = self.vision.never_sampled if self.vision is not None else ()  # see images.py
+        bodies = completion_bodies(request, model, isolate_prompt_logprobs=isolate, never=never)
         complete = self._complete
         if listener is not None:  # streamed: see streaming.py
             firsts = first_samples(bodies)

@@ -8,6 +8,8 @@
   #16668, #51594; the engine runs such a body alone, see `server.VllmEngine.generate`.)
 - Logprobs are vLLM's raw ones (`--logprobs-mode raw_logprobs`, `logprobs: 0`: the sampled token only; with
   `topk_sample_logprobs` = k, `logprobs: k` and the top-k keyed by token id, `return_tokens_as_token_ids`).
+  A vision-language model's placeholder tokens are `bad_words` (images.py): banned in the draw, which vLLM
+  makes after taking the raw logprobs.
 - The prompt's other scores (`target_token_ids`, `prompt_alt_tokens_k`) take bodies of their own: `scores.py`.
 - `max_tokens = 0` (prompt logprobs only) asks vLLM for one token and drops it.
 - Image prompts take the same bodies, rewritten for vLLM's `/inference/v1/generate` (`tokens_body`: the
@@ -17,6 +19,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tx.inference.protocol import GeneratedSequence, GenerateRequest, GenerateResponse, StopReasonName
@@ -33,10 +36,11 @@ def wants_prompt_logprobs(request: GenerateRequest) -> bool:
 
 
 def completion_bodies(
-    request: GenerateRequest, model: str, isolate_prompt_logprobs: bool = False
+    request: GenerateRequest, model: str, isolate_prompt_logprobs: bool = False, never: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """The `/v1/completions` bodies for `request`, in sample order; each body's `n` samples follow.
-    `isolate_prompt_logprobs`: the first body alone asks for prompt logprobs, with n = 1 (LoRA is active)."""
+    `isolate_prompt_logprobs`: the first body alone asks for prompt logprobs, with n = 1 (LoRA is active).
+    `never`: tokens no sample may hold, as text (vLLM's `bad_words`; a vision-language model's placeholders)."""
     wants_prompt = wants_prompt_logprobs(request)
     split = request.n > 1 and (
         request.seed is not None or request.temperature == 0 or (wants_prompt and isolate_prompt_logprobs)
@@ -56,6 +60,8 @@ def completion_bodies(
         "return_token_ids": True,
         "skip_special_tokens": False,
     }
+    if never:
+        base["bad_words"] = list(never)
     if request.cache_namespace is not None:  # vLLM's prefix cache keeps salted blocks apart
         base["cache_salt"] = request.cache_namespace
     if request.topk_sample_logprobs:
@@ -157,7 +163,7 @@ def _prompt_logprobs(
 
 _SAMPLING_KEYS = (
     "n", "seed", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop",
-    "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "skip_special_tokens",
+    "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "skip_special_tokens", "bad_words",
 )
 
 
@@ -170,7 +176,7 @@ def tokens_body(
         "model": completion["model"],
         "token_ids": list(token_ids),
         "content_parts": parts,
-        "sampling_params": {key: completion[key] for key in _SAMPLING_KEYS},
+        "sampling_params": {key: completion[key] for key in _SAMPLING_KEYS if key in completion},
         "return_token_ids": True,
         "output_mode": "tokens",
     }
