@@ -25,7 +25,7 @@ IM_START, IM_END = 2001, 2002
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[tinker.ServiceClient, dict[str, Path]]]:
+def served(tmp_path_factory) -> Iterator[tuple[tinker.ServiceClient, dict[str, Path]]]:
     from tx.models.tiny_vlm import write_tiny_vlm
 
     root = tmp_path_factory.mktemp("vlm-placeholders")
@@ -73,5 +73,6 @@ def test_an_rl_step_takes_placeholders_in_text(served, preset: str) -> None:
     out = trainer.forward_backward([datum], "importance_sampling").result()
     trained = out.loss_fn_outputs[0]["logprobs"].to_numpy()
     np.testing.assert_allclose(trained, prompt_logprobs[1:], atol=1e-3)
-    np.testing.assert_allclose(samples[0].logprobs, trained[start : start + len(samples[0].tokens)], atol=1e-3)
+    sampled = trained[start : start + len(samples[0].tokens)]
+    np.testing.assert_allclose(samples[0].logprobs, sampled, atol=1e-3)
     trainer.optim_step(types.AdamParams(learning_rate=1e-3)).result()

@@ -147,8 +147,8 @@ def test_bad_image_requests_are_4xx_and_text_still_serves(aria_engine, image_tok
 
 
 def test_placeholder_tokens_without_images_are_text(aria_engine, aria_reference, image_token):
-    """Issue 37: a policy sampled the image placeholder; the next prompt holds it, with no image. vLLM takes it as
-    text, as transformers' forward without pixel values does."""
+    """Issue 37: a policy sampled the image placeholder; the next prompt holds it, with no image. vLLM takes
+    it as text, as transformers' forward without pixel values does."""
     prompt = BEFORE + [image_token, 9, image_token, image_token] + AFTER
     out = aria_engine.generate(prompt_token_ids=prompt, max_tokens=0, prompt_logprobs=True)
     model, _ = aria_reference

@@ -12,7 +12,8 @@ which happens at execution. At submission an image counts the `expected_tokens` 
 are checked against the cap. A datum with an image that declares no count is checked with the tokens known so
 far (a lower bound against the caps); its loss inputs, whose shapes follow the exact count, wait for
 execution. So do the checks that need the decoded image (pixels, aspect ratio, a declared count that the
-processor does not make) and the placeholder token in text (`VisionProcessor.expand`).
+processor does not make) and the placeholder token in text beside image chunks (`VisionProcessor.expand`; text
+alone may hold it).
 
 Everything is numpy on whole arrays, no Python loop per token: 128 datums of 2,048 tokens are checked in
 ~10-20 ms on a busy 2-core CPU, less than decoding their protobuf takes (`scripts/bench/check_batch.py`).

@@ -60,7 +60,7 @@ def text_placeholders_apart(
     finally:
         handle.remove()
     if not looked_up:
-        raise RuntimeError(f"{type(model).__name__}'s input embedding never saw the ids handed to its forward")
+        raise RuntimeError(f"{type(model).__name__}'s input embedding never saw the ids given to its forward")
 
 
 def _input_embedding(model: torch.nn.Module) -> torch.nn.Module:

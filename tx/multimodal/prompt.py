@@ -7,9 +7,9 @@ becomes that many image placeholder tokens (`config.image_token_id`). A chunk wh
 differs is a user error naming both numbers, so the client's lengths, targets and logprob arrays always
 line up with the server's positions.
 
-The placeholder token in a chunk's own text (a policy may sample `<|image_pad|>`) is text where the input has no
-image: Hugging Face's forward checks placeholders only against the images it is given. Beside image chunks it
-is refused: the model (and vLLM's processor) would count it as one of the images' placeholders
+The placeholder token in a chunk's own text (a policy may sample `<|image_pad|>`) is text where the input has
+no image: Hugging Face's forward checks placeholders only against the images it is given. Beside image chunks
+it is refused: the model (and vLLM's processor) would count it as one of the images' placeholders
 (docs/model-families.md#image-placeholder-tokens-in-text).
 """
 
@@ -86,9 +86,9 @@ class VisionProcessor:
         from an image's own)."""
         if self.image_token_id in tokens:
             raise UserError(
-                f"text holds the image placeholder token {self.image_token_id} beside image chunks: the model "
-                "would take it for one of the images' placeholders; send images as image chunks (text alone "
-                "may hold it)"
+                f"text holds the image placeholder token {self.image_token_id} beside image chunks: the "
+                "model would take it for one of the images' placeholders; send images as image chunks (text "
+                "alone may hold it)"
             )
 
     def _place(self, chunk: ImageChunk | ImageAssetPointer, offset: int, limits: ImageLimits) -> PlacedImage:

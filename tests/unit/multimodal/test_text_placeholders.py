@@ -1,8 +1,9 @@
-"""Image placeholder tokens in image-free text: the trainer and the embedded engine take them as Hugging Face's
-plain forward does, also in a forward shared with another input's images (docs/model-families.md#image-placeholder-tokens-in-text).
+"""Image placeholder tokens in image-free text: the trainer and the embedded engine take them as Hugging
+Face's plain forward does, also in a forward shared with another input's images; the engine never samples
+them (docs/model-families.md#image-placeholder-tokens-in-text).
 
-Issue 37: a policy sampled `<|image_pad|>`, and tx refused its own sampler's output in the next forward_backward
-and in the next sample's prompt."""
+Issue 37: a policy sampled `<|image_pad|>`, and tx refused its own sampler's output in the next
+forward_backward and in the next sample's prompt."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def hf_logprobs(model_dir, ids: list[int]) -> np.ndarray:
 
 def next_token_datum(ids: list[int], chunks=None) -> Datum:
     model_input = ModelInput(chunks) if chunks else ModelInput.from_tokens(ids)
-    return Datum(model_input, {"target_tokens": np.array([*ids[1:], 0]), "weights": np.ones(len(ids), np.float32)})
+    targets = np.array([*ids[1:], 0])
+    return Datum(model_input, {"target_tokens": targets, "weights": np.ones(len(ids), np.float32)})
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,8 @@ def test_trainer_takes_placeholders_in_text_as_hf_does(backend, preset_dir) -> N
 
 def test_engine_takes_placeholders_in_text_as_hf_does(engine, preset_dir) -> None:
     ids = text_with_placeholders(preset_dir)
-    answer = engine.submit(GenerateRequest(prompt_token_ids=ids, max_tokens=1, prompt_logprobs=True)).result(120)
+    request = GenerateRequest(prompt_token_ids=ids, max_tokens=1, prompt_logprobs=True)
+    answer = engine.submit(request).result(120)
     assert answer.prompt_logprobs[0] is None
     np.testing.assert_allclose(answer.prompt_logprobs[1:], hf_logprobs(preset_dir, ids), atol=1e-4)
 
@@ -106,7 +109,8 @@ def test_a_trainer_forward_shared_with_images_keeps_each_datum_its_own(backend, 
 
 def test_an_engine_prefill_shared_with_images_keeps_each_prompt_its_own(engine, preset_dir) -> None:
     image_ids, prompt_image, _ = image_prompt(preset_dir, [10, 11], (0, 0, 255))
-    requests = [GenerateRequest(prompt_token_ids=image_ids, images=[prompt_image], max_tokens=1, prompt_logprobs=True),
+    requests = [GenerateRequest(prompt_token_ids=image_ids, images=[prompt_image], max_tokens=1,
+                                prompt_logprobs=True),
                 GenerateRequest(prompt_token_ids=text_with_placeholders(preset_dir), max_tokens=1,
                                 prompt_logprobs=True)]
     stats = engine.scheduler.stats
@@ -147,9 +151,10 @@ def test_no_row_draws_a_never_id_even_as_the_most_likely() -> None:
                      {"temperature": 1.0, "top_k": 1, "top_p": 0.5})
         tokens, logprobs, _ = sample_next(logits, rows, never=(7, 8))
         assert not {7, 8} & set(tokens)
-        assert logprobs == pytest.approx(raw[torch.arange(4), torch.tensor(tokens)].tolist())  # raw, not renormalised
+        expected = raw[torch.arange(4), torch.tensor(tokens)].tolist()
+        assert logprobs == pytest.approx(expected)  # the raw model's, not renormalised
     masked = logits.index_fill(1, torch.tensor([7, 8]), float("-inf"))
-    assert [tokens[0], tokens[3]] == masked[[0, 3]].argmax(-1).tolist()  # greedy and top-1: the best of the rest
+    assert [tokens[0], tokens[3]] == masked[[0, 3]].argmax(-1).tolist()  # greedy, top-1: the best of the rest
     assert set(sample_next(logits, _rows({"temperature": 0.0}))[0]) <= {7, 8}  # unmasked: the model's choice
 
 

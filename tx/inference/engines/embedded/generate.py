@@ -9,10 +9,10 @@ Design / who owns what:
 - `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise
   temperature / top-k / top-p on sorted logits and inverse-CDF sampling with one uniform draw per row from the
   row's generator, so a seeded row gives the same tokens whatever batch it runs in. A row that asks for it also
-  gets the k most likely tokens of each step with their raw logprobs. Ids the model must never be handed as
-  text beside images (a vision-language model's placeholders, `Weights.never_sampled`) are masked in the draw
-  only: the distribution drawn from is renormalised over the other ids, the logprobs reported stay the raw
-  model's (docs/model-families.md#image-placeholder-tokens-in-text).
+  gets the k most likely tokens of each step with their raw logprobs. Ids the model must never be handed
+  as text beside images (a vision-language model's placeholders, `Weights.never_sampled`) are masked in the
+  draw only: the distribution drawn from is renormalised over the other ids, the logprobs reported stay the
+  raw model's (docs/model-families.md#image-placeholder-tokens-in-text).
 - The prompt's own scores come from the prefill's kept logits: prompt logprobs and top-k (`prompt_logprobs`),
   the logprobs of chosen ids (`target_logprobs`), and k draws per position (`alternative_tokens`).
 """
@@ -89,7 +89,8 @@ Step = tuple[list[int], list[float], list[list[tuple[int, float]] | None]]
 
 def sample_next(logits: torch.Tensor, rows: Sequence[Row], never: Sequence[int] = ()) -> Step:
     """One token per row from `logits` [rows, vocab] (fp32), the raw logprob of each, and the k most likely
-    (token, raw logprob) of the rows that ask for them (None for the others). No row draws an id of `never`."""
+    (token, raw logprob) of the rows that ask for them (None for the others); no row draws an id of
+    `never`."""
     logits = logits.float()
     drawn = logits.index_fill(1, torch.tensor(never, dtype=torch.long), float("-inf")) if never else logits
     sampled = [i for i, row in enumerate(rows) if row.request.temperature > 0]

@@ -72,8 +72,9 @@ def _check_spans(request: GenerateRequest, image_token_id: int) -> None:
         end = image.offset + image.num_tokens
     if placeholders != sum(image.num_tokens for image in request.images):
         raise UserError(
-            f"the prompt holds image placeholder tokens ({image_token_id}) outside its images: beside images the "
-            "model would take them for one of the images' placeholders (a prompt without images may hold them)"
+            f"the prompt holds image placeholder tokens ({image_token_id}) outside its images: beside images "
+            "the model would take them for one of the images' placeholders (a prompt without images may hold "
+            "them)"
         )
 
 

@@ -43,8 +43,8 @@ _MIME = {"png": "image/png", "jpeg": "image/jpeg"}
 
 @dataclass(frozen=True)
 class VisionModel:
-    """What the engine needs to know about a vision-language model: its image placeholder token, and the text of
-    the placeholder tokens (image and video) vLLM must never sample, its `bad_words`
+    """What the engine needs to know about a vision-language model: its image placeholder token, and the text
+    of the placeholder tokens (image and video) vLLM must never sample, its `bad_words`
     (docs/model-families.md#image-placeholder-tokens-in-text)."""
 
     image_token_id: int
@@ -71,16 +71,16 @@ def vision_from_config(config: dict[str, Any]) -> VisionModel | None:
 
 
 def placeholder_words(model_dir: Path, ids: tuple[int, ...]) -> tuple[str, ...]:
-    """The text of each placeholder id, as vLLM's `bad_words` take it; a ValueError when one does not encode back
-    to its id alone (vLLM would then ban other tokens, or not this one)."""
+    """The text of each placeholder id, as vLLM's `bad_words` take it; a ValueError when one does not encode
+    back to its id alone (vLLM would then ban other tokens, or not this one)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     words = tuple(tokenizer.convert_ids_to_tokens(list(ids)))
     for token, word in zip(ids, words, strict=True):
         if word is None or tokenizer.encode(word, add_special_tokens=False) != [token]:
-            raise ValueError(f"the placeholder token {token} ({word!r}) does not encode back to itself alone, so "
-                             "vLLM's bad_words cannot keep it from being sampled")
+            raise ValueError(f"the placeholder token {token} ({word!r}) does not encode back to itself "
+                             "alone, so vLLM's bad_words cannot keep it from being sampled")
     return words
 
 
@@ -113,7 +113,8 @@ def check_images(request: GenerateRequest, vision: VisionModel | None, max_image
     if sum(1 for t in ids if t == token) != sum(image.num_tokens for image in request.images):
         raise UserError(
             f"the prompt holds image placeholder tokens ({token}) outside its images: beside images vLLM's "
-            "processor would take them for one of the images' placeholders (a prompt without images may hold them)"
+            "processor would take them for one of the images' placeholders (a prompt without images may hold "
+            "them)"
         )
 
 

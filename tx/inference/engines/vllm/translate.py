@@ -40,7 +40,7 @@ def completion_bodies(
 ) -> list[dict[str, Any]]:
     """The `/v1/completions` bodies for `request`, in sample order; each body's `n` samples follow.
     `isolate_prompt_logprobs`: the first body alone asks for prompt logprobs, with n = 1 (LoRA is active).
-    `never`: tokens no sample may hold, as text (vLLM's `bad_words`; a vision-language model's placeholders)."""
+    `never`: tokens no sample may hold, as text (vLLM's `bad_words`; a VLM's placeholders, images.py)."""
     wants_prompt = wants_prompt_logprobs(request)
     split = request.n > 1 and (
         request.seed is not None or request.temperature == 0 or (wants_prompt and isolate_prompt_logprobs)
@@ -163,7 +163,8 @@ def _prompt_logprobs(
 
 _SAMPLING_KEYS = (
     "n", "seed", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "stop",
-    "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "skip_special_tokens", "bad_words",
+    "include_stop_str_in_output", "ignore_eos", "logprobs", "prompt_logprobs", "skip_special_tokens",
+    "bad_words",
 )
 
 
