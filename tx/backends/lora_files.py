@@ -53,5 +53,5 @@ class LoraFilesBackend(TrainingBackend):
     def save_sampler_weights(self, model_id: str, directory: Path) -> None:
         run = self._run(model_id)
         weights = dict(self.iter_trainable_weights(model_id))
-        config = peft_config_for(run.lora, structure_of(self._paths[run.base_model]))
+        config = peft_config_for(run.lora, structure_of(self._paths[run.base_model]), held=weights)
         checkpoint.write_sampler_weights(directory, run.base_model, config, weights)

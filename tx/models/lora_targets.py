@@ -120,6 +120,15 @@ class ModelStructure:
                          if name not in chosen and any(name == s or name.endswith(f".{s}") for s in suffixes))
         return LoraTargets(tuple(suffixes), tuple(sorted(parameters)), tuple(exclude))
 
+    def targets_holding(self, tensor_names: Collection[str], *, mlp: bool) -> LoraTargets:
+        """The targets of an adapter whose tensors (PEFT file names) are `tensor_names`: exactly the modules
+        they hold, and the expert tensors when it trains the MLP. What a config written from a structure read
+        without the model (`structure_of`) must say, where the trainer's probe left modules out."""
+        known = set(self.modules())
+        held = {name for name in map(module_of, tensor_names) if name in known}
+        parameters = sorted({name for part in self.layers for name in part.experts}) if mlp else []
+        return self.targets_of(held, parameters)
+
     def modules(self) -> list[str]:
         """Full names of every linear module read: the layers' (of every kind, frozen ones too), the head,
         and those outside."""
@@ -215,6 +224,12 @@ def _decoder_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     return path, layers
 
 
+def module_of(tensor_name: str) -> str:
+    """The module a PEFT adapter tensor belongs to (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`
+    -> `model.layers.0.self_attn.q_proj`)."""
+    return tensor_name.removeprefix("base_model.model.").split(".lora_", 1)[0]
+
+
 def peft_config(targets: LoraTargets, rank: int, alpha: float) -> peft.LoraConfig:
     """The PEFT LoRA config of `targets`: no dropout, no bias."""
     import peft
@@ -234,18 +249,25 @@ def peft_config(targets: LoraTargets, rank: int, alpha: float) -> peft.LoraConfi
 @contextmanager
 def exact_targets() -> Iterator[None]:
     """Build or load adapters with PEFT taking their targets as given (see the module docstring): its
-    transformers-4-to-5 rewrite of MoE targets is off inside the block."""
+    transformers-4-to-5 rewrite of MoE targets is off inside the block, and so is its refusal of a Mamba
+    mixer's `out_proj` by name (model types it lists, Nemotron-H's among them): that refusal is for fused
+    kernels that read the weight without calling the module, and tx's load-time probe leaves out every module
+    the forward does not call (`tx/backends/torch/lora_probe.py`)."""
+    from peft.tuners import tuners_utils
     from peft.utils import transformers_weight_conversion as conversion
 
-    config, state = (conversion.convert_peft_config_for_transformers,
-                     conversion.convert_peft_adapter_state_dict_for_transformers)
+    config, state, mamba = (conversion.convert_peft_config_for_transformers,
+                            conversion.convert_peft_adapter_state_dict_for_transformers,
+                            tuners_utils._check_lora_target_modules_mamba)
     conversion.convert_peft_config_for_transformers = _keep_config
     conversion.convert_peft_adapter_state_dict_for_transformers = _keep_state
+    tuners_utils._check_lora_target_modules_mamba = _keep_config
     try:
         yield
     finally:
         conversion.convert_peft_config_for_transformers = config
         conversion.convert_peft_adapter_state_dict_for_transformers = state
+        tuners_utils._check_lora_target_modules_mamba = mamba
 
 
 def _keep_config(*_: object, **__: object) -> None:

@@ -58,7 +58,8 @@ def _as_peft_adapter(directory: Path, base_dir: Path, scratch: Path) -> Path:
         return directory
     base_model, lora = checkpoint.read_state_config(directory)
     weights = checkpoint.read_weights(directory, torch.device("cpu"))
-    checkpoint.write_sampler_weights(scratch, base_model, peft_config_for(lora, structure_of(base_dir)), weights)
+    config = peft_config_for(lora, structure_of(base_dir), held=weights)
+    checkpoint.write_sampler_weights(scratch, base_model, config, weights)
     return scratch
 
 

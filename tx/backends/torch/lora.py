@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import cast
 
@@ -20,6 +20,7 @@ from peft import get_peft_model, get_peft_model_state_dict
 from transformers import PreTrainedModel
 
 from tx.backends.torch.model import checkpointing_off
+from tx.backends.torch.lora_probe import probe_structure
 from tx.backends.torch.packing import PackingMode, boundary_masks
 from tx.models.lora_targets import ModelStructure, exact_targets, peft_config, read_structure
 from tx.multimodal.placeholders import text_placeholders_apart
@@ -28,9 +29,14 @@ from tx.types import LoraConfig
 LORA_ALPHA = 32
 
 
-def peft_config_for(lora: LoraConfig, structure: ModelStructure) -> peft.LoraConfig:
+def peft_config_for(lora: LoraConfig, structure: ModelStructure, held: Collection[str] | None = None
+                    ) -> peft.LoraConfig:
     """The PEFT config of a run on a model of `structure`: rank, alpha 32, no dropout, the modules (and fused
-    experts) of the chosen groups (`tx/models/lora_targets.py`)."""
+    experts) of the chosen groups (`tx/models/lora_targets.py`). With `held` (the adapter's tensor names), the
+    modules those tensors hold: a structure read from the model's files (`structure_of`) is not probed, and
+    the config must name what the trainer's adapter has."""
+    if held is not None:
+        return peft_config(structure.targets_holding(held, mlp=lora.train_mlp), lora.rank, LORA_ALPHA)
     targets = structure.targets(attn=lora.train_attn, mlp=lora.train_mlp, unembed=lora.train_unembed)
     return peft_config(targets, lora.rank, LORA_ALPHA)
 
@@ -60,11 +66,13 @@ class AdapterHost:
 
     @property
     def structure(self) -> ModelStructure:
-        """Where LoRA can go on the base model; UserError (at create_model) when it cannot be read."""
+        """Where LoRA can go on the base model, as read and then probed (`lora_probe.py`); UserError (at
+        create_model) when it cannot be read."""
         if self._structure is None:
             if self._peft is not None:
                 raise RuntimeError("the structure is read before any adapter is added")
-            self._structure = read_structure(self.model)
+            name = self.model.name_or_path or type(self.model).__name__
+            self._structure = probe_structure(self.model, read_structure(self.model), name)
         return self._structure
 
     @property
