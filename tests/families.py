@@ -5,3 +5,6 @@ from __future__ import annotations
 FAMILIES = ("tiny", "llama", "gemma3", "qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_5", "qwen3_5_moe",
             "qwen3_5_vl", "qwen3_5_moe_vl")
 """Every supported family's tiny preset ("tiny" is Qwen3)."""
+
+LINEUP = ("olmo3", "nemotron_h", "deepseek_v4", "glm_moe_dsa", "qwen3_vl_moe", "inkling")
+"""Hosted Tinker's newer families' tiny presets: the trainer's family tests cover them; the engines' do not yet."""

@@ -1,8 +1,9 @@
 """`tx models make-tiny`: which tiny model a name gets, and writing it.
 
 A preset is one of: the Qwen3 text shapes of `tiny.py` ("tiny", "bench", "vocab-h64", "vocab-h256"; "qwen3"
-is "tiny"), a text family of `tiny_families.py` (qwen3_5, qwen3_5_moe, qwen3_moe, deepseek_v3, gpt_oss,
-gemma3, llama) or a vision-language one of `tiny_vlm.py` ("vlm" = Qwen3-VL, qwen3_5_vl, qwen3_5_moe_vl).
+is "tiny"), a family of `tiny_families.py` (qwen3_5, qwen3_5_moe, qwen3_moe, deepseek_v3, gpt_oss, gemma3,
+llama, olmo3, nemotron_h, deepseek_v4, glm_moe_dsa, inkling) or a vision-language one of `tiny_vlm.py`
+("vlm" = Qwen3-VL, qwen3_vl_moe, qwen3_5_vl, qwen3_5_moe_vl).
 
 Without an explicit preset, the hub name picks the family (`NAME_PATTERNS`, first match wins, ignoring
 case): `Qwen/Qwen3.5-4B` gets a tiny Qwen3.5 vision-language model, as the real checkpoint is one. A name no
@@ -28,15 +29,20 @@ NAME_PATTERNS: tuple[tuple[str, str | None], ...] = (
     # Qwen3.5 / 3.6 are natively multimodal; "-A<n>B" marks the mixture-of-experts checkpoints
     (r"Qwen/Qwen3\.[5-9]-.*-A\d+B.*", "qwen3_5_moe_vl"),
     (r"Qwen/Qwen3\.[5-9]-.*", "qwen3_5_vl"),
-    (r"Qwen/Qwen3-VL-.*-A\d+B.*", None),  # Qwen3-VL-MoE: no tiny preset of that family
+    (r"Qwen/Qwen3-VL-.*-A\d+B.*", "qwen3_vl_moe"),
     (r"Qwen/Qwen3-VL-.*", "vlm"),
     (r"Qwen/Qwen3-.*-A\d+B.*", "qwen3_moe"),
     (r"Qwen/Qwen3-\d.*", "tiny"),
+    (r"deepseek-ai/DeepSeek-V4.*", "deepseek_v4"),
     (r"deepseek-ai/DeepSeek-V3.*", "deepseek_v3"),
     (r"moonshotai/Kimi-K2.*", "deepseek_v3"),  # Kimi K2's language model is DeepSeek-V3's architecture
     (r"openai/gpt-oss-.*", "gpt_oss"),
     (r"google/gemma-3-.*", "gemma3"),
     (r"meta-llama/(Meta-)?Llama-3.*", "llama"),
+    (r"nvidia/NVIDIA-Nemotron-3-.*", "nemotron_h"),
+    (r"zai-org/GLM-5.*", "glm_moe_dsa"),
+    (r"allenai/Olmo-3.*", "olmo3"),
+    (r"thinkingmachines/Inkling.*", "inkling"),
 )
 """Hub-name pattern -> preset (None: a known family with no tiny preset). Matched against the whole name,
 without a `:suffix` (the cookbook's `Qwen/Qwen3.6-35B-A3B:peft:262144`)."""

@@ -13,6 +13,24 @@ layers, and adds what makes the family itself:
 - gpt_oss: attention sinks, a sliding window of 16 on every other layer, 4 experts with biases.
 - gemma3: a sliding window of 16, then a full-attention layer; GELU MLPs and four norms per layer.
 - llama: Llama 3 (the same shape as Qwen3 without q/k norms).
+- olmo3: OLMo 3 (norms after attention and MLP, q/k norms over all heads), a sliding window of 16 then a
+  full-attention layer.
+- nemotron_h: Nemotron-3 / Nemotron-H, four layers whose bodies are all called `mixer`: a Mamba2 mixer, an
+  MoE (4 routed experts of width 32, top 2, and a shared expert), attention, and a dense MLP (Nemotron-H's).
+- deepseek_v4: DeepSeek-V4, three layers of its three attention types (sliding window; compressed sparse
+  attention, compressing 4 tokens, its indexer keeping 16 entries; heavily compressed attention, 8 tokens),
+  shared-KV attention with sinks, the grouped output projection (2 groups), hyper-connections of 2 streams;
+  a hash-routed MoE layer, then two top-k ones (4 experts of width 32, top 2, and a shared expert).
+- glm_moe_dsa: GLM-5, multi-head latent attention with the DSA indexer (keeping 64 tokens): a layer running
+  its own indexer with a dense MLP, then one reusing its choice (a "shared" indexer layer) with 4 routed
+  experts (top 2) and a shared one.
+- The sparse-attention indexers keep more than the tests' rows hold (as the real ones, 512 and 2048 entries,
+  keep more than most datums): a top-k among near-equal scores flips with rounding, so a datum alone and in a
+  batch would differ by far more than 1e-5 where the indexer drops anything.
+- inkling: Inkling's multimodal model (its vision and audio towers tiny and frozen): a sliding-window layer
+  with a dense MLP, then a full-attention one with 4 routed experts (top 2) and a shared expert; short
+  convolutions and a relative position bias in every layer. It is written without an image processor
+  config, so tx takes text only for it.
 
 Windows of 16 tokens are shorter than the sequences tests send, so the window is exercised.
 """
@@ -126,6 +144,69 @@ def llama(ids: dict[str, int]) -> PretrainedConfig:
     return LlamaConfig(**_common(ids), head_dim=32, intermediate_size=128, architectures=["LlamaForCausalLM"])
 
 
+def olmo3(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import Olmo3Config
+
+    config = Olmo3Config(**_common(ids), intermediate_size=128, sliding_window=WINDOW,
+                         layer_types=["sliding_attention", "full_attention"], architectures=["Olmo3ForCausalLM"])
+    config.head_dim = 32  # not an argument of its config class, but read by the model (hidden 64 / 4 heads is 16)
+    return config
+
+
+def nemotron_h(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import NemotronHConfig
+
+    fields: dict[str, Any] = {**{k: v for k, v in _common(ids).items() if k != "num_hidden_layers"}, "head_dim": 32}
+    return NemotronHConfig(
+        **fields, layers_block_type=["linear_attention", "moe", "full_attention", "mlp"],
+        intermediate_size=128, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=8,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=64,
+        architectures=["NemotronHForCausalLM"],
+    )
+
+
+def deepseek_v4(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import DeepseekV4Config
+
+    return DeepseekV4Config(
+        **{**_common(ids), "num_hidden_layers": 3, "num_key_value_heads": 1}, head_dim=32, q_lora_rank=32,
+        partial_rotary_factor=0.5, moe_intermediate_size=32, n_routed_experts=4, n_shared_experts=1,
+        num_experts_per_tok=2, mlp_layer_types=["hash_moe", "moe", "moe"],
+        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, hc_mult=2,
+        sliding_window=WINDOW, o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=32, index_topk=16,
+        architectures=["DeepseekV4ForCausalLM"],
+    )
+
+
+def glm_moe_dsa(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import GlmMoeDsaConfig
+
+    return GlmMoeDsaConfig(
+        **{**_common(ids), "num_key_value_heads": 4}, intermediate_size=128, moe_intermediate_size=32,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32,
+        kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, index_topk=64, index_head_dim=64,
+        index_n_heads=2, indexer_types=["full", "shared"], architectures=["GlmMoeDsaForCausalLM"],
+    )
+
+
+def inkling(ids: dict[str, int]) -> PretrainedConfig:
+    from transformers import InklingConfig
+
+    text = {key: value for key, value in _common(ids).items() if key not in ("dtype", "tie_word_embeddings")}
+    text |= {"head_dim": 32, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
+             "sliding_window_size": WINDOW, "d_rel": 8, "rel_extent": 32, "intermediate_size": 128,
+             "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
+             "layer_types": ["hybrid_sliding", "hybrid"], "mlp_layer_types": ["dense", "sparse"]}
+    vision = {"patch_size": 16, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    return InklingConfig(
+        text_config=text, vision_config=vision, audio_config={"n_mel_bins": 8, "mel_vocab_size": 16},
+        image_token_id=ids["<|image_pad|>"], image_bos_token_id=ids["<|vision_start|>"],
+        audio_token_id=text["vocab_size"] - 2, audio_bos_token_id=text["vocab_size"] - 1,  # ids no text makes
+        architectures=["InklingForConditionalGeneration"],
+    )
+
+
 TEXT_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = MappingProxyType({
     "qwen3_5": qwen3_5_text,
     "qwen3_5_moe": qwen3_5_moe_text,
@@ -134,5 +215,10 @@ TEXT_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = Mapp
     "gpt_oss": gpt_oss,
     "gemma3": gemma3,
     "llama": llama,
+    "olmo3": olmo3,
+    "nemotron_h": nemotron_h,
+    "deepseek_v4": deepseek_v4,
+    "glm_moe_dsa": glm_moe_dsa,
+    "inkling": inkling,
 })
 """Text family presets: name -> the tiny config, given the tokenizer's special-token ids."""

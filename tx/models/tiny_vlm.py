@@ -1,4 +1,4 @@
-"""Tiny random vision-language models (Qwen3-VL, and Qwen3.5 dense and MoE), written like a hub snapshot.
+"""Tiny random vision-language models (Qwen3-VL dense and MoE, Qwen3.5 dense and MoE), written like a hub snapshot.
 
 The image processor config is the one the tinker-cookbook computes its `expected_tokens` with for Qwen3-VL
 (docs/cookbook.md#images-and-their-token-counts): patch 16, merge 2, temporal patch 2, at least 65536
@@ -105,6 +105,23 @@ def qwen3_vl(ids: dict[str, int]) -> PretrainedConfig:
     )
 
 
+def qwen3_vl_moe(ids: dict[str, int]) -> PretrainedConfig:
+    """Qwen3-VL-MoE: Qwen3-VL's tower and shape, with 4 routed experts of width 32 (top 2) in every layer."""
+    from transformers import Qwen3VLMoeConfig
+
+    text = PRESETS["tiny"]
+    rope = {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": _mrope_section(text.head_dim),
+            "mrope_interleaved": True}
+    return Qwen3VLMoeConfig(
+        text_config={**_text_fields(ids), "intermediate_size": text.intermediate_size, "moe_intermediate_size": 32,
+                     "num_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": text.num_hidden_layers,
+                     "rope_parameters": rope},
+        vision_config={**_VISION, "out_hidden_size": text.hidden_size},
+        **_token_fields(ids),
+        architectures=["Qwen3VLMoeForConditionalGeneration"],
+    )
+
+
 def _qwen3_5_rope() -> dict[str, Any]:
     """Qwen3.5's partial interleaved M-RoPE: a quarter of each head rotates."""
     rotary = PRESETS["tiny"].head_dim // 4
@@ -137,6 +154,7 @@ def qwen3_5_moe_vl(ids: dict[str, int]) -> PretrainedConfig:
 
 VLM_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = MappingProxyType({
     VLM_PRESET: qwen3_vl,
+    "qwen3_vl_moe": qwen3_vl_moe,
     "qwen3_5_vl": qwen3_5_vl,
     "qwen3_5_moe_vl": qwen3_5_moe_vl,
 })

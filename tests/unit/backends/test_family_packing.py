@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from backend_helpers import datum, randomize, sequences, snapshot
-from families import FAMILIES
+from families import FAMILIES, LINEUP
 from test_torch_micro_batches import assert_within
 
 from tx.backends.losses import get_loss
@@ -26,18 +26,21 @@ LOSSES = ("cross_entropy", "importance_sampling", "ppo", "cispo", "dro", "gspo",
 # the self-check's choice per family on CPU in float32 (transformers 5.19's torch paths)
 EXPECTED_PACKING = {"tiny": "packed", "llama": "packed", "gemma3": "packed", "qwen3_moe": "packed",
                     "deepseek_v3": "packed", "gpt_oss": "packed_masks", "qwen3_5": "padded",
-                    "qwen3_5_moe": "padded", "qwen3_5_vl": "padded", "qwen3_5_moe_vl": "padded"}
+                    "qwen3_5_moe": "padded", "qwen3_5_vl": "padded", "qwen3_5_moe_vl": "padded",
+                    "olmo3": "packed", "nemotron_h": "padded", "deepseek_v4": "padded", "glm_moe_dsa": "packed",
+                    "qwen3_vl_moe": "padded", "inkling": "padded"}
 
 
 @pytest.fixture(scope="module")
-def backend(family_model_dirs):
+def backend(family_model_dirs, lineup_model_dirs):
     from tx.backends.torch import logprobs
     from tx.backends.torch.backend import TorchBackend
     from tx.config.sections import TrainerSection
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(logprobs, "CHUNK_LOGITS", 5 * 2048)  # the head runs 5 positions at a time
-        yield TorchBackend(family_model_dirs, device="cpu", settings=TrainerSection(micro_batch_tokens=BUDGET))
+        yield TorchBackend({**family_model_dirs, **lineup_model_dirs}, device="cpu",
+                           settings=TrainerSection(micro_batch_tokens=BUDGET))
 
 
 def _data(loss_name: str, seed: int = 0) -> list[Datum]:
@@ -86,7 +89,7 @@ def _alone(backend, model_id: str, data: list[Datum], loss_name: str):
 
 CASES = [  # every family with cross_entropy in the quick suite; the other losses (~6 min on 2 loaded cores) slow
     pytest.param(family, loss_name, marks=() if loss_name == "cross_entropy" else pytest.mark.slow)
-    for family in FAMILIES for loss_name in LOSSES
+    for family in FAMILIES + LINEUP for loss_name in LOSSES
 ]
 
 

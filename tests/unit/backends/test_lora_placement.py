@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from families import LINEUP
 
 from tx.backends.torch.backend import TorchBackend
-from tx.models.lora_targets import read_structure
+from tx.backends.torch.lora import peft_config_for
+from tx.models.lora_targets import read_structure, structure_of
 from tx.types import LoraConfig, UserError
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "model-families.md"
@@ -55,15 +57,15 @@ def placed(backend: TorchBackend, model_id: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture(scope="module")
-def backend(family_model_dirs, tmp_path_factory) -> TorchBackend:
+def backend(family_model_dirs, lineup_model_dirs, tmp_path_factory) -> TorchBackend:
     from tx.models import write_tiny_model
 
     vlm = write_tiny_model(tmp_path_factory.mktemp("vlm"), preset="vlm")
-    return TorchBackend({**family_model_dirs, "vlm": vlm}, device="cpu")
+    return TorchBackend({**family_model_dirs, **lineup_model_dirs, "vlm": vlm}, device="cpu")
 
 
-def test_the_table_covers_every_family(family_model_dirs) -> None:
-    assert set(family_model_dirs) <= set(table())
+def test_the_table_covers_every_family(family_model_dirs, lineup_model_dirs) -> None:
+    assert set(family_model_dirs) | set(lineup_model_dirs) <= set(table())
 
 
 @pytest.mark.parametrize("preset", list(table()))
@@ -86,6 +88,22 @@ def test_lora_lands_where_the_table_says(backend, preset: str) -> None:
             names(cells[GROUPS["unembed"]]) if groups["unembed"] else set())
         want_experts = names(cells[GROUPS["experts"]]) if groups["mlp"] else set()
         assert (modules, experts) == (want_modules, want_experts), (preset, groups)
+
+
+@pytest.mark.parametrize("preset", LINEUP)
+def test_a_config_written_from_the_model_files_is_the_trainers(backend, preset: str) -> None:
+    """Trainer workers and `tx checkpoints export` write an adapter's config from the model's files
+    (`structure_of`, which does not run the model, so no probe): it names what the trainer's adapter holds."""
+    backend.create_model("files", preset, LoraConfig(rank=2, seed=0))
+    try:
+        run = backend._runs["files"]
+        want = backend._hosts[preset].peft_config(run.adapter)
+        held = [key for key, _ in backend.iter_trainable_weights("files")]
+        written = peft_config_for(run.lora, structure_of(backend._paths[preset]), held=held)
+    finally:
+        backend.delete_model("files")
+    for field in ("target_modules", "target_parameters", "exclude_modules"):
+        assert set(getattr(written, field) or ()) == set(getattr(want, field) or ()), field
 
 
 def test_the_vision_tower_stays_frozen(backend) -> None:

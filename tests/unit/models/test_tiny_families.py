@@ -27,6 +27,12 @@ NAMES = {
     "openai/gpt-oss-20b": ("gpt_oss", "GptOssForCausalLM"),
     "google/gemma-3-1b-it": ("gemma3", "Gemma3ForCausalLM"),
     "meta-llama/Llama-3.1-8B-Instruct": ("llama", "LlamaForCausalLM"),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": ("nemotron_h", "NemotronHForCausalLM"),
+    "deepseek-ai/DeepSeek-V4-Flash": ("deepseek_v4", "DeepseekV4ForCausalLM"),
+    "zai-org/GLM-5": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    "allenai/Olmo-3-7B-Instruct": ("olmo3", "Olmo3ForCausalLM"),
+    "thinkingmachines/Inkling": ("inkling", "InklingForConditionalGeneration"),
 }
 ARCHITECTURES = {preset: arch for preset, arch in NAMES.values()} | {
     "qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
@@ -39,7 +45,7 @@ def test_the_name_picks_the_family(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.1", "Qwen/Qwen3-VL-30B-A3B-Instruct"]
+    "name", ["Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.1", "nvidia/Nemotron-H-8B-Base-8K"]
 )
 def test_an_unknown_family_is_an_error_naming_the_presets(name: str) -> None:
     with pytest.raises(ValueError, match=r"no tiny model family is known .*--preset .*qwen3_5_moe"):
