@@ -8,9 +8,11 @@ and every LoRA layer applies to a block only its run's adapter (`segmented`).
 - Any other LoRA layer (PEFT's `ParamWrapper` on fused MoE experts, whose delta is folded into the weight) runs
   once per block with that block's adapter active: the same work as each run alone, the base weights shared.
 - A layer's input is cut by its leading dimension: the rows, or the rows' tokens flattened (MoE experts see
-  rows x width entries). Tensor arguments with the same leading dimension are cut alike (experts' routing).
-  A layer whose input fits neither raises `SegmentsUnsupported`; `fused.py` checks each base model once
-  (`self_check`) and trains in turns where a family does not fit.
+  rows x width entries). Tensor arguments with the same leading dimension are cut alike (experts' routing),
+  and those with a multiple of it in proportion (the rows' tokens flattened beside an input that keeps its
+  rows: Inkling's shared experts get their routing weights so). A layer whose input fits neither raises
+  `SegmentsUnsupported`; `fused.py` checks each base model once (`self_check`) and trains in turns where a
+  family does not fit.
 
 The unembedding is left out (`skip`): the trainer's head runs per run on flat positions (`head_of`). The blocks'
 runs are active together (`AdapterHost.activate_all`), so each run's LoRA parameters get gradients from its own
@@ -182,7 +184,9 @@ def _per_block(layer: torch.nn.Module, original: Callable[..., torch.Tensor], st
 
 
 def _cut(value: Any, *, leading: int, sizes: list[int]) -> list[Any]:
-    """`value` per block: a tensor with the input's leading dimension split like it, anything else as it is."""
-    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == leading:
-        return list(value.split(sizes))
+    """`value` per block: a tensor whose leading dimension is the input's (or a multiple of it: entries per row)
+    split like it, anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] % leading == 0:
+        per_entry = value.shape[0] // leading
+        return list(value.split([size * per_entry for size in sizes]))
     return [value] * len(sizes)
