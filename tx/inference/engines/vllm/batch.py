@@ -1,14 +1,30 @@
 """`BatchGate`: requests share vLLM's batch, or one runs alone in it (see `translate.py`: LoRA + prompt
-logprobs); waiting exclusive requests go first. `record_answer`: the stats of vLLM's answers."""
+logprobs); waiting exclusive requests go first. `all_or_none`: the calls of one request to vLLM, none left running
+once one failed. `record_answer`: the stats of vLLM's answers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 from tx.inference.protocol import EngineStats, GenerateRequest, GenerateResponse
+
+T = TypeVar("T")
+
+
+async def all_or_none(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Each call's answer, in order. The first that raises cancels the others (closing their connections makes
+    vLLM abort their requests: nothing runs on for an answer no one reads) and its error is raised."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 class BatchGate:
@@ -57,7 +73,7 @@ class BatchGate:
                 answers.append(await complete(bodies[0]))
             bodies = bodies[1:]
         async with self.shared():
-            answers += await asyncio.gather(*(complete(body) for body in bodies))
+            answers += await all_or_none(complete(body) for body in bodies)
         return answers
 
 

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 class VllmError(UpstreamError):
-    """vLLM answered an error status; `status` is passed on to tx's caller."""
+    """vLLM answered an error status (or none: `no_answer`); `status` is passed on to tx's caller."""
 
 
 class VllmChild:
@@ -150,7 +150,10 @@ class VllmChild:
         params: Any = None,
         timeout: float | None = None,
     ) -> Any:
-        response = await self.http.request(method, path, json=json_body, params=params, timeout=timeout)
+        try:
+            response = await self.http.request(method, path, json=json_body, params=params, timeout=timeout)
+        except httpx.HTTPError as exc:
+            raise no_answer(method, path, exc) from exc
         if response.status_code >= 400:
             raise VllmError(response.status_code, error_detail(response))
         if response.headers.get("content-type", "").startswith("application/json"):
@@ -159,12 +162,16 @@ class VllmChild:
 
     @contextlib.asynccontextmanager
     async def stream(self, path: str, json_body: Any) -> AsyncIterator[AsyncIterator[str]]:
-        """POST `json_body`; the answer's lines as they arrive (an error status raises `VllmError`)."""
-        async with self.http.stream("POST", path, json=json_body) as response:
-            if response.status_code >= 400:
-                await response.aread()
-                raise VllmError(response.status_code, error_detail(response))
-            yield response.aiter_lines()
+        """POST `json_body`; the answer's lines as they arrive (an error status, or a connection that fails before
+        the last line, raises `VllmError`)."""
+        try:
+            async with self.http.stream("POST", path, json=json_body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise VllmError(response.status_code, error_detail(response))
+                yield response.aiter_lines()
+        except httpx.HTTPError as exc:
+            raise no_answer("POST", path, exc) from exc
 
     async def rpc(self, method: str, *args: str, timeout: float) -> dict:
         """Call `method` on every worker (JSON strings in, dicts out); the first worker's answer, or the
@@ -186,6 +193,11 @@ class VllmChild:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=timeout_s)
+
+
+def no_answer(method: str, path: str, exc: httpx.HTTPError) -> VllmError:
+    """vLLM's socket failed a call (vLLM died, or dropped the connection): a 502 naming the call and the cause."""
+    return VllmError(502, f"vLLM did not answer {method} {path}: {type(exc).__name__}: {exc}")
 
 
 def check_private_socket(socket: Path) -> None:

@@ -13,12 +13,12 @@ Their answers fill `GenerateResponse.target_prompt_logprobs` and `prompt_alt_tok
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from tx.inference.engines.scores import check_prompt_scores, model_vocab_size
+from tx.inference.engines.vllm.batch import all_or_none
 from tx.inference.engines.vllm.translate import TranslationError, best_by_id
 from tx.inference.protocol import GenerateRequest
 
@@ -62,7 +62,7 @@ async def _targets(request: GenerateRequest, model: str, complete: Complete) -> 
     rows = request.target_token_ids
     out = [[0.0] * len(row) for row in rows]
     named = [(r, sorted({t for t in row if t >= 0})) for r, row in enumerate(rows) if any(t >= 0 for t in row)]
-    answers = await asyncio.gather(*(
+    answers = await all_or_none((
         complete(_body(request, model, r + 1, temperature=0.0, n=1, logprobs=1, logprob_token_ids=ids,
                        return_tokens_as_token_ids=True))
         for r, ids in named
@@ -81,7 +81,7 @@ async def _alternatives(request: GenerateRequest, model: str,
                         complete: Complete) -> tuple[list[list[int]], list[list[float]]]:
     k, greedy = request.prompt_alt_tokens_k, request.temperature == 0
     positions = range(1, len(request.prompt_token_ids))
-    answers = await asyncio.gather(*(
+    answers = await all_or_none((
         complete(_body(request, model, p, temperature=request.temperature, n=1 if greedy else k, logprobs=0,
                        seed=None if request.seed is None else request.seed + request.n + p))
         for p in positions
