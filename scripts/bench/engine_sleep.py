@@ -31,7 +31,7 @@ from tx.models.tiny import write_tiny_text_model
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1}
-PROMPT = [5, 17, 230, 1000, 44, 321, 77, 2048]
+PROMPT = [5, 17, 230, 1000, 44, 321, 77, 2047]  # ids within every preset's vocabulary (tiny: 2,048)
 
 
 def weight_bytes(model_dir: Path) -> int:
