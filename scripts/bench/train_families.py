@@ -15,7 +15,10 @@ subprocess. Qwen3.5's packed rows are NOT a correct computation in transformers 
 attention runs across datum boundaries, which is why the self-check refuses them); its figure says what packing
 would buy with kernels that honour the boundaries.
 
-Usage: python scripts/bench/train_families.py [--steps 1] [--datums 12] [--min-len 32] [--max-len 512]
+Usage: python scripts/bench/train_families.py [--steps 1] [--datums 12] [--min-len 32] [--max-len 512] [--smoke]
+
+`--smoke` (CI's smallest run, tests/test_benches.py): the first case of each layout, at a vocabulary of 2,048.
+A case that fails is reported as failed, and the run then exits 1.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 VOCAB = 151_936
+SMOKE_VOCAB = 2_048
 CASES = [  # (layout, packing, expert LoRA)
     ("moe", "packed", True), ("moe", "padded", True), ("moe", "packed", False), ("moe", "padded", False),
     ("qwen3_5", "packed", True), ("qwen3_5", "padded", True),
@@ -43,10 +47,10 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(field)
 
 
-def _config(layout: str):
+def _config(layout: str, vocab: int):
     from transformers import Qwen3_5TextConfig, Qwen3MoeConfig
 
-    common = dict(vocab_size=VOCAB, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    common = dict(vocab_size=vocab, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   max_position_embeddings=4096, tie_word_embeddings=False, dtype="float32")
     if layout == "moe":
         config = Qwen3MoeConfig(**common, num_hidden_layers=2, intermediate_size=768, moe_intermediate_size=256,
@@ -59,18 +63,18 @@ def _config(layout: str):
                              layer_types=["linear_attention"] * 3 + ["full_attention"])
 
 
-def model_dir(layout: str) -> Path:
+def model_dir(layout: str, vocab: int) -> Path:
     from tx.models.tiny_files import write_model, write_tokenizer
 
-    path = Path(tempfile.gettempdir()) / f"tx-bench-{layout}-v{VOCAB}"
+    path = Path(tempfile.gettempdir()) / f"tx-bench-{layout}-v{vocab}"
     if not (path / "model.safetensors").exists():
         ids = write_tokenizer(path)
-        write_model(path, _config(layout), ids, seed=0, name=layout)
+        write_model(path, _config(layout, vocab), ids, seed=0, name=layout)
     return path
 
 
 def run(layout: str, packing: str, experts: bool, num_datums: int, lengths_range: tuple[int, int],
-        steps: int) -> dict:
+        steps: int, vocab: int) -> dict:
     import numpy as np
     import torch
 
@@ -78,7 +82,7 @@ def run(layout: str, packing: str, experts: bool, num_datums: int, lengths_range
     from tx.optimizers import AdamParams
     from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
-    backend = TorchBackend({"m": model_dir(layout)}, device="auto")
+    backend = TorchBackend({"m": model_dir(layout, vocab)}, device="auto")
     backend.create_model("run", "m", LoraConfig(rank=32, seed=0, train_mlp=experts or layout != "moe"))
     chosen = backend._hosts["m"].packing
     backend._hosts["m"].packing = packing  # forced: the bench compares both layouts of rows
@@ -114,26 +118,37 @@ def main() -> None:
     parser.add_argument("--datums", type=int, default=12)
     parser.add_argument("--min-len", type=int, default=32)
     parser.add_argument("--max-len", type=int, default=512)
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"the first case of each layout, vocabulary {SMOKE_VOCAB:,} (CI's smallest run)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--vocab", type=int, default=VOCAB, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         layout, packing, experts = args.child.split(",")
         lengths = (args.min_len, args.max_len)
-        print(json.dumps(run(layout, packing, experts == "1", args.datums, lengths, args.steps)))
+        print(json.dumps(run(layout, packing, experts == "1", args.datums, lengths, args.steps, args.vocab)))
         return
+    vocab = SMOKE_VOCAB if args.smoke else VOCAB
+    first_of_each: dict[str, tuple[str, str, bool]] = {}
+    for case in CASES:
+        first_of_each.setdefault(case[0], case)
+    cases = list(first_of_each.values()) if args.smoke else CASES
     results = []
-    for layout, packing, experts in CASES:
-        model_dir(layout)
+    for layout, packing, experts in cases:
+        model_dir(layout, vocab)
         command = [sys.executable, __file__, "--child", f"{layout},{packing},{int(experts)}",
                    "--steps", str(args.steps), "--datums", str(args.datums), "--min-len", str(args.min_len),
-                   "--max-len", str(args.max_len)]
+                   "--max-len", str(args.max_len), "--vocab", str(vocab)]
         done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=False)
         lines = done.stdout.strip().splitlines()
         row = json.loads(lines[-1]) if done.returncode == 0 and lines else {
             "layout": layout, "rows": packing, "expert_lora": experts, "failed": done.stderr.strip()[-300:]}
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    print(json.dumps({"vocab": VOCAB, "results": results}, indent=1))
+    print(json.dumps({"vocab": vocab, "results": results}, indent=1))
+    failed = [f"{r['layout']} {r['rows']}" for r in results if "failed" in r]
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ Every measurement runs in its own subprocess so peaks do not mix. The naive step
 log_softmax, gather, one backward) is skipped at 32 x 2,048 tokens: its logits alone are 65,536 x 151,936 x 4
 bytes = 40 GB.
 
+A measurement that fails is reported as failed, and the run then exits 1.
+
 Usage: python scripts/bench/train_memory.py [--sizes 4x1024,32x2048] [--hiddens 64,256] [--steps 1]
 """
 
@@ -181,6 +183,10 @@ def main() -> None:
             results.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     print(json.dumps({"available_gib_at_end": round(_available_gib(), 1), "results": results}, indent=1))
+    failed = [f"{impl} h{r['hidden']} {r['batch']}x{r['seq_len']}" for r in results
+              for impl in ("tx", "naive") if "failed" in r.get(impl, {})]
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 def _child(impl: str, hidden: int, size: str, steps: int) -> dict:
