@@ -29,8 +29,9 @@ layers, and adds what makes the family itself:
   batch would differ by far more than 1e-5 where the indexer drops anything.
 - inkling: Inkling's multimodal model (its vision and audio towers tiny and frozen): a sliding-window layer
   with a dense MLP, then a full-attention one with 4 routed experts (top 2) and a shared expert; short
-  convolutions and a relative position bias in every layer. It is written without an image processor
-  config, so tx takes text only for it.
+  convolutions and a relative position bias in every layer; its final hidden states are divided by 2 before
+  the head (muP; the real model's 24 leaves a tiny model's logits no room to learn: docs/tiny-models.md). It
+  is written without an image processor config, so tx takes text only for it.
 
 Windows of 16 tokens are shorter than the sequences tests send, so the window is exercised.
 """
@@ -197,7 +198,8 @@ def inkling(ids: dict[str, int]) -> PretrainedConfig:
     text |= {"head_dim": 32, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
              "sliding_window_size": WINDOW, "d_rel": 8, "rel_extent": 32, "intermediate_size": 128,
              "moe_intermediate_size": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
-             "layer_types": ["hybrid_sliding", "hybrid"], "mlp_layer_types": ["dense", "sparse"]}
+             "layer_types": ["hybrid_sliding", "hybrid"], "mlp_layer_types": ["dense", "sparse"],
+             "logits_mup_width_multiplier": 2.0}  # the real 24 leaves a tiny model's logits no room to learn
     vision = {"patch_size": 16, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
     return InklingConfig(
         text_config=text, vision_config=vision, audio_config={"n_mel_bins": 8, "mel_vocab_size": 16},
