@@ -43,26 +43,33 @@ from tx.models.tiny import write_tiny_text_model
 from tx.types import LoraConfig
 
 RANK = 8
-LORA = LoraConfig(rank=RANK, train_attn=True, train_mlp=True, train_unembed=False)
 
 
-def adapters(model_dir: Path, count: int) -> tuple[list[list[tuple[str, torch.Tensor]]], LoraSpec]:
-    """`count` random LoRA adapters (PEFT state-dict names) on every attention and MLP linear layer, where the
-    trainer puts them (`tx/models/lora_targets.py`), and their config as tx pushes it."""
+def lora_layout(model_dir: Path, rank: int) -> tuple[dict[str, tuple[int, ...]], LoraSpec]:
+    """A rank-`rank` LoRA adapter on every attention and MLP linear layer of the model in `model_dir`, where the
+    trainer puts them (`tx/models/lora_targets.py`): its tensors' shapes by PEFT state-dict name, and its config
+    as tx pushes it (inflight_stall.py's too)."""
     import peft
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
-    config = peft_config_for(LORA, read_structure(model))
+    lora = LoraConfig(rank=rank, train_attn=True, train_mlp=True, train_unembed=False)
+    config = peft_config_for(lora, read_structure(model))
     with exact_targets():
         wrapped = peft.get_peft_model(model, config)
-    shapes = {name: tuple(tensor.shape) for name, tensor in peft.get_peft_model_state_dict(wrapped).items()}
-    spec = LoraSpec(r=RANK, lora_alpha=LORA_ALPHA, target_modules=sorted(config.target_modules),
+    state = peft.get_peft_model_state_dict(wrapped)
+    shapes = {name: tuple(tensor.shape) for name, tensor in sorted(state.items())}
+    spec = LoraSpec(r=rank, lora_alpha=LORA_ALPHA, target_modules=sorted(config.target_modules),
                     target_parameters=sorted(config.target_parameters or []),
                     exclude_modules=sorted(config.exclude_modules or []))
+    return shapes, spec
+
+
+def adapters(model_dir: Path, count: int) -> tuple[list[list[tuple[str, torch.Tensor]]], LoraSpec]:
+    """`count` random LoRA adapters (`lora_layout`, rank 8, random non-zero weights) and their config."""
+    shapes, spec = lora_layout(model_dir, RANK)
     generator = torch.Generator().manual_seed(0)
-    tensors = [[(n, torch.randn(s, generator=generator) * 0.05) for n, s in sorted(shapes.items())]
-               for _ in range(count)]
+    tensors = [[(n, torch.randn(s, generator=generator) * 0.05) for n, s in shapes.items()] for _ in range(count)]
     return tensors, spec
 
 

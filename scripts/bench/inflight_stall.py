@@ -36,6 +36,7 @@ import tinker
 from tinker import types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from txserver import API_KEY, TxServer  # noqa: E402
 
 from tx.models import write_tiny_text_model  # noqa: E402
@@ -49,23 +50,15 @@ def push_seconds(server: TxServer) -> float:
 
 def lock_hold_s(model_dir: Path, rank: int, repeats: int = 20) -> list[float]:
     """CPU seconds the embedded engine's weights lock is held by each of `repeats` in-place updates of a
-    rank-`rank` adapter on every linear layer of the attention and the MLP (tx's default LoRA targets), each from
+    rank-`rank` adapter on every linear layer of the attention and the MLP (where the trainer puts them), each from
     freshly received tensors. CPU time, not wall time: on a loaded box wall time is mostly waiting for a core."""
     import torch
+    from continuous_batching import lora_layout
 
-    from tx.backends.torch.lora import ATTN_MODULES, LORA_ALPHA, MLP_MODULES
     from tx.inference.engines.embedded.weights import Weights
-    from tx.inference.protocol import LoraSpec
 
+    shapes, spec = lora_layout(model_dir, rank)
     weights = Weights(model_dir, max_adapters=2)
-    spec = LoraSpec(r=rank, lora_alpha=LORA_ALPHA, target_modules=[*ATTN_MODULES, *MLP_MODULES])
-    model = weights.model
-    assert model is not None
-    shapes = {}
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] in spec.target_modules and isinstance(module, torch.nn.Linear):
-            shapes[f"{name}.lora_A.weight"] = (rank, module.in_features)
-            shapes[f"{name}.lora_B.weight"] = (module.out_features, rank)
     tensors = {name: torch.randn(shape) * 0.01 for name, shape in shapes.items()}
     weights.load_adapter("inflight1", spec, tensors)  # created once; every later update is in place
     held = []
