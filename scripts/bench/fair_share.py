@@ -1,6 +1,6 @@
 """Two tenants on one server, one submitting 8x the work of the other: each tenant's throughput and latency.
 
-Starts `tx serve --no-engine-colocate` on the bench model (or `--model`). Tenant "light" (one key) runs one
+Starts `tx serve --no-engine-colocate` on the tiny model (or `--model`). Tenant "light" (one key) runs one
 training run: `steps` steps of forward_backward + optim_step, one after another, each waited for; then samples
 one after another. Tenant "heavy" (another key) keeps 8 runs training pipelined streams of the same steps (8x
 the light tenant's work, and 8x its runs), then 8 threads sampling without pause. Each phase runs twice: the light
@@ -151,40 +151,44 @@ def beside(heavy, light) -> tuple[dict, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="a model directory (default: the bench preset)")
+    parser.add_argument("--model", type=Path, help="a model directory (default: the tiny preset)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--samples", type=int, default=12)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="tx-fair-"))
-    model = args.model or write_tiny_text_model(work / "model", preset="tiny", seed=0)
-    params = types.SamplingParams(max_tokens=16, temperature=1.0)
-    with TxServer(work / "data", args=["--base-model", str(model), "--no-engine-colocate"]) as server:
-        with server.client(LIGHT) as light, server.client(HEAVY) as heavy:
-            vocab = 1900
-            light_data = make_data(args.batch, args.seq_len, vocab, seed=1)
-            heavy_data = make_data(args.batch, args.seq_len, vocab, seed=2)
-            tc = light.create_lora_training_client(str(model), rank=8).result()
-            heavy_tcs = [heavy.create_lora_training_client(str(model), rank=8).result() for _ in range(HEAVY_RUNS)]
-            light_training(tc, light_data, 2)  # warm up
-            since = time.time()
-            alone = light_training(tc, light_data, args.steps)
-            alone["forward_backward_on_server"] = server_waits(server, light, LIGHT, "ForwardBackward", since)
-            since = time.time()
-            burst, heavy_train = beside(lambda stop: heavy_training(heavy_tcs, heavy_data, stop),
-                                        lambda: light_training(tc, light_data, args.steps))
-            burst["forward_backward_on_server"] = server_waits(server, light, LIGHT, "ForwardBackward", since)
-            light_sampler = tc.save_weights_and_get_sampling_client("light")
-            heavy_sampler = heavy_tcs[0].save_weights_and_get_sampling_client("heavy")
-            light_sampling(light_sampler, 2, params)  # warm up (the engine starts)
-            since = time.time()
-            sample_alone = light_sampling(light_sampler, args.samples, params)
-            sample_alone["on_server"] = server_waits(server, light, LIGHT, "Sample", since)
-            since = time.time()
-            sample_burst, heavy_sample = beside(lambda stop: heavy_sampling(heavy_sampler, params, stop),
-                                                lambda: light_sampling(light_sampler, args.samples, params))
-            sample_burst["on_server"] = server_waits(server, light, LIGHT, "Sample", since)
+    with tempfile.TemporaryDirectory(prefix="tx-fair-") as tmp:
+        work = Path(tmp)
+        model = args.model or write_tiny_text_model(work / "model", preset="tiny", seed=0)
+        params = types.SamplingParams(max_tokens=16, temperature=1.0)
+        with TxServer(work / "data", args=["--base-model", str(model), "--no-engine-colocate"]) as server:
+            with server.client(LIGHT) as light, server.client(HEAVY) as heavy:
+                vocab = 1900
+                light_data = make_data(args.batch, args.seq_len, vocab, seed=1)
+                heavy_data = make_data(args.batch, args.seq_len, vocab, seed=2)
+                tc = light.create_lora_training_client(str(model), rank=8).result()
+                heavy_tcs = [heavy.create_lora_training_client(str(model), rank=8).result()
+                             for _ in range(HEAVY_RUNS)]
+                light_training(tc, light_data, 2)  # warm up
+                since = time.time()
+                alone = light_training(tc, light_data, args.steps)
+                alone["forward_backward_on_server"] = server_waits(server, light, LIGHT, "ForwardBackward",
+                                                                   since)
+                since = time.time()
+                burst, heavy_train = beside(lambda stop: heavy_training(heavy_tcs, heavy_data, stop),
+                                            lambda: light_training(tc, light_data, args.steps))
+                burst["forward_backward_on_server"] = server_waits(server, light, LIGHT, "ForwardBackward",
+                                                                   since)
+                light_sampler = tc.save_weights_and_get_sampling_client().result()
+                heavy_sampler = heavy_tcs[0].save_weights_and_get_sampling_client().result()
+                light_sampling(light_sampler, 2, params)  # warm up (the engine starts)
+                since = time.time()
+                sample_alone = light_sampling(light_sampler, args.samples, params)
+                sample_alone["on_server"] = server_waits(server, light, LIGHT, "Sample", since)
+                since = time.time()
+                sample_burst, heavy_sample = beside(lambda stop: heavy_sampling(heavy_sampler, params, stop),
+                                                    lambda: light_sampling(light_sampler, args.samples, params))
+                sample_burst["on_server"] = server_waits(server, light, LIGHT, "Sample", since)
     print(json.dumps({
         "workload": {"batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
                      "heavy_runs": HEAVY_RUNS, "light_samples": args.samples, "max_tokens": 16},
