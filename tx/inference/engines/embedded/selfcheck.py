@@ -30,12 +30,16 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from tx.inference.engines.embedded.generate import DecodeBatch
 from tx.inference.engines.embedded.lean_decode import Plan
 from tx.models.agreement import difference, tolerance
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ CHECK_STEPS = 6
 """Teacher-forced decode steps after each prompt."""
 CHECK_SEED = 0
 
-LeanFor = Callable[[torch.nn.Module], Plan | None]
+LeanFor = Callable[["PreTrainedModel"], Plan | None]
 """The lean decode step the engine would use for the model (`Weights.lean_plan`), or None."""
 
 
@@ -70,20 +74,20 @@ class ServingPlan:
     """Each check's difference (`tx.models.agreement.difference`; inf where it raised)."""
 
 
-def check_serving(model: torch.nn.Module, pad_id: int, family_attention: str, lean_for: LeanFor) -> ServingPlan:
+def check_serving(model: PreTrainedModel, pad_id: int, family_attention: str, lean_for: LeanFor) -> ServingPlan:
     """Run the checks on `model` (the base, no adapter, under `torch.inference_mode`), switch it to the family's
     own attention where the engine's differs (see the module's docstring), and say how to serve it."""
-    config = model.config.get_text_config()  # pyright: ignore[reportCallIssue, reportAttributeAccessIssue]
-    bound = tolerance(next(model.parameters()).dtype)
+    config = model.config.get_text_config()
+    bound = tolerance(model.dtype)
     prompts, steps = _check_tokens(int(config.vocab_size))
     with _attention(model, family_attention):
         reference = [_forward(model, prompt + cont) for prompt, cont in zip(prompts, steps)]
     check = _Check(model, pad_id, lean_for, prompts, steps, reference, bound)
-    engine_attention = str(model.config._attn_implementation)  # pyright: ignore[reportAttributeAccessIssue]
+    engine_attention = str(model.config._attn_implementation)
     plan = ServingPlan(attention=engine_attention)
     error = check.run("alone", _alone)
     if error > bound and engine_attention != family_attention:
-        model.set_attn_implementation(family_attention)  # pyright: ignore[reportCallIssue]
+        model.set_attn_implementation(family_attention)
         plan, error = replace(plan, attention=family_attention), check.run("alone", _alone, under=family_attention)
         logger.info("self-check: %s attention differs from the family's own by %.3g; running %s",
                     engine_attention, check.measured["alone"], family_attention)
@@ -109,27 +113,28 @@ def _decided(plan: ServingPlan) -> ServingPlan:
 
 
 def _check_tokens(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The prompts and each one's continuation: seeded random tokens."""
     generator = torch.Generator().manual_seed(CHECK_SEED)
-    draw = lambda n: torch.randint(0, vocab, (n,), generator=generator).tolist()  # noqa: E731
-    return [draw(n) for n in CHECK_LENGTHS], [draw(CHECK_STEPS) for _ in CHECK_LENGTHS]
+    tokens = [torch.randint(0, vocab, (n + CHECK_STEPS,), generator=generator).tolist() for n in CHECK_LENGTHS]
+    return [t[:n] for t, n in zip(tokens, CHECK_LENGTHS)], [t[n:] for t, n in zip(tokens, CHECK_LENGTHS)]
 
 
 @contextmanager
-def _attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
-    current = str(model.config._attn_implementation)  # pyright: ignore[reportAttributeAccessIssue]
+def _attention(model: PreTrainedModel, implementation: str) -> Iterator[None]:
+    current = str(model.config._attn_implementation)
     if current == implementation:
         yield
         return
-    model.set_attn_implementation(implementation)  # pyright: ignore[reportCallIssue]
+    model.set_attn_implementation(implementation)
     try:
         yield
     finally:
-        model.set_attn_implementation(current)  # pyright: ignore[reportCallIssue]
+        model.set_attn_implementation(current)
 
 
-def _forward(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+def _forward(model: PreTrainedModel, tokens: list[int]) -> torch.Tensor:
     """The model's own log-softmax at every position of `tokens`: one row, no cache."""
-    ids = torch.tensor([tokens], device=next(model.parameters()).device)
+    ids = torch.tensor([tokens], device=model.device)
     logits = model(input_ids=ids, use_cache=False).logits[0]
     return torch.log_softmax(logits.float().cpu(), dim=-1)
 
@@ -138,7 +143,7 @@ def _forward(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
 class _Check:
     """The check's inputs, and what each form measured."""
 
-    model: torch.nn.Module
+    model: PreTrainedModel
     pad_id: int
     lean_for: LeanFor
     prompts: list[list[int]]
