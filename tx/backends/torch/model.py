@@ -90,8 +90,13 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
 
     transformers checkpoints a layer only while that layer's `training` flag is set; setting the flag on
     the layer objects alone (not their children) turns checkpointing on and leaves dropout and every
-    other train-mode behaviour off."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    other train-mode behaviour off. transformers 5.23 renamed `gradient_checkpointing_enable` (the old name
+    warns); 5.19, the oldest tx takes, has only the old one."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in _checkpointing_layers(model):
         layer.training = True
 
