@@ -32,17 +32,6 @@ def family_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pat
 
 
 @pytest.fixture(scope="session")
-def lineup_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny random model of each family in `families.LINEUP` (seed 0), by preset name."""
-    from families import LINEUP
-
-    from tx.models import write_tiny_model
-
-    root = tmp_path_factory.mktemp("lineup")
-    return {preset: write_tiny_model(root / preset, preset=preset, seed=0) for preset in LINEUP}
-
-
-@pytest.fixture(scope="session")
 def reference_model(tiny_model_dir: Path):
     """The same weights as a plain transformers model in this process: what engines' logprobs are checked
     against."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-FAMILIES = ("tiny", "llama", "gemma3", "qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_5", "qwen3_5_moe",
-            "qwen3_5_vl", "qwen3_5_moe_vl")
-"""Every supported family's tiny preset ("tiny" is Qwen3)."""
-
 LINEUP = ("olmo3", "nemotron_h", "deepseek_v4", "glm_moe_dsa", "qwen3_vl_moe", "inkling")
-"""Hosted Tinker's newer families' tiny presets: the trainer's family tests cover them; the engines' do not yet."""
+"""Hosted Tinker's newer families' tiny presets (issue 37's lineup; tests/integration/test_lineup_training.py
+names each as users do)."""
+
+FAMILIES = ("tiny", "llama", "gemma3", "qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_5", "qwen3_5_moe",
+            "qwen3_5_vl", "qwen3_5_moe_vl") + LINEUP
+"""Every supported family's tiny preset ("tiny" is Qwen3): the trainer's and the engines' family tests."""

@@ -50,6 +50,12 @@ if TYPE_CHECKING:
 
 WINDOW = 16
 """Sliding-window width of the families that have one."""
+INDEX_HEADS = 16
+"""Heads of a sparse-attention indexer (DeepSeek-V4, GLM-5). Its scores are a weighted sum of ReLUs over heads: with
+few heads a random model scores many keys exactly 0, and which of those tied keys its top-k keeps changes with
+the shape of the pass (a row alone or in a batch, a prompt or a decode step), so the model itself would not
+give a position the same logprob twice. With 16 heads no key ties, and a top-k of 4 drops keys from the check's
+prompts on: the sparse path is the one under test."""
 
 
 def _common(ids: dict[str, int]) -> dict[str, Any]:
@@ -175,7 +181,7 @@ def deepseek_v4(ids: dict[str, int]) -> PretrainedConfig:
         num_experts_per_tok=2, mlp_layer_types=["hash_moe", "moe", "moe"],
         layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}, hc_mult=2,
-        sliding_window=WINDOW, o_groups=2, o_lora_rank=16, index_n_heads=2, index_head_dim=32, index_topk=16,
+        sliding_window=WINDOW, o_groups=2, o_lora_rank=16, index_n_heads=INDEX_HEADS, index_head_dim=32, index_topk=4,
         architectures=["DeepseekV4ForCausalLM"],
     )
 
@@ -186,8 +192,8 @@ def glm_moe_dsa(ids: dict[str, int]) -> PretrainedConfig:
     return GlmMoeDsaConfig(
         **{**_common(ids), "num_key_value_heads": 4}, intermediate_size=128, moe_intermediate_size=32,
         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, q_lora_rank=32,
-        kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, index_topk=64, index_head_dim=64,
-        index_n_heads=2, indexer_types=["full", "shared"], architectures=["GlmMoeDsaForCausalLM"],
+        kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32, index_topk=4, index_head_dim=64,
+        index_n_heads=INDEX_HEADS, indexer_types=["full", "shared"], architectures=["GlmMoeDsaForCausalLM"],
     )
 
 

@@ -8,29 +8,29 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from backend_helpers import grads, randomize
-from families import FAMILIES, LINEUP
+from families import FAMILIES
 from test_family_packing import BUDGET, _data
 from test_torch_micro_batches import assert_within
 
 from tx.types import ForwardBackwardInput, LoraConfig
 
 # the self-check's verdict per family on CPU in float32 (transformers 5.19's torch paths)
-EXPECTED_FUSES = dict.fromkeys(FAMILIES + LINEUP, True)
+EXPECTED_FUSES = dict.fromkeys(FAMILIES, True)
 
 
 @pytest.fixture(scope="module")
-def backend(family_model_dirs, lineup_model_dirs):
+def backend(family_model_dirs):
     from tx.backends.torch import logprobs
     from tx.backends.torch.backend import TorchBackend
     from tx.config.sections import TrainerSection
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(logprobs, "CHUNK_LOGITS", 5 * 2048)
-        yield TorchBackend({**family_model_dirs, **lineup_model_dirs}, device="cpu",
+        yield TorchBackend(family_model_dirs, device="cpu",
                            settings=TrainerSection(micro_batch_tokens=2 * BUDGET))
 
 
-@pytest.mark.parametrize("family", FAMILIES + LINEUP)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_two_runs_in_one_call_equal_each_alone(backend, family: str) -> None:
     loras = [LoraConfig(rank=4, seed=0), LoraConfig(rank=2, seed=1, train_mlp=False)]
     fused, alone = [f"{family}-f{i}" for i in range(2)], [f"{family}-a{i}" for i in range(2)]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from backend_helpers import datum, randomize, sequences, snapshot
-from families import FAMILIES, LINEUP
+from families import FAMILIES
 from test_torch_micro_batches import assert_within
 
 from tx.backends.losses import get_loss
@@ -32,14 +32,14 @@ EXPECTED_PACKING = {"tiny": "packed", "llama": "packed", "gemma3": "packed", "qw
 
 
 @pytest.fixture(scope="module")
-def backend(family_model_dirs, lineup_model_dirs):
+def backend(family_model_dirs):
     from tx.backends.torch import logprobs
     from tx.backends.torch.backend import TorchBackend
     from tx.config.sections import TrainerSection
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(logprobs, "CHUNK_LOGITS", 5 * 2048)  # the head runs 5 positions at a time
-        yield TorchBackend({**family_model_dirs, **lineup_model_dirs}, device="cpu",
+        yield TorchBackend(family_model_dirs, device="cpu",
                            settings=TrainerSection(micro_batch_tokens=BUDGET))
 
 
@@ -89,7 +89,7 @@ def _alone(backend, model_id: str, data: list[Datum], loss_name: str):
 
 CASES = [  # every family with cross_entropy in the quick suite; the other losses (~6 min on 2 loaded cores) slow
     pytest.param(family, loss_name, marks=() if loss_name == "cross_entropy" else pytest.mark.slow)
-    for family in FAMILIES + LINEUP for loss_name in LOSSES
+    for family in FAMILIES for loss_name in LOSSES
 ]
 
 

@@ -57,15 +57,15 @@ def placed(backend: TorchBackend, model_id: str) -> tuple[set[str], set[str]]:
 
 
 @pytest.fixture(scope="module")
-def backend(family_model_dirs, lineup_model_dirs, tmp_path_factory) -> TorchBackend:
+def backend(family_model_dirs, tmp_path_factory) -> TorchBackend:
     from tx.models import write_tiny_model
 
     vlm = write_tiny_model(tmp_path_factory.mktemp("vlm"), preset="vlm")
-    return TorchBackend({**family_model_dirs, **lineup_model_dirs, "vlm": vlm}, device="cpu")
+    return TorchBackend({**family_model_dirs, "vlm": vlm}, device="cpu")
 
 
-def test_the_table_covers_every_family(family_model_dirs, lineup_model_dirs) -> None:
-    assert set(family_model_dirs) | set(lineup_model_dirs) <= set(table())
+def test_the_table_covers_every_family(family_model_dirs) -> None:
+    assert set(family_model_dirs) <= set(table())
 
 
 @pytest.mark.parametrize("preset", list(table()))
