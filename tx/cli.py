@@ -57,6 +57,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="how often an external engine that stopped answering is probed (default 2)")
     p.add_argument("--engine-tensor-parallel-size", type=int, help="GPUs per vLLM engine (default 1)")
     p.add_argument("--engine-memory-share", type=float, help="share of GPU memory per vLLM engine")
+    p.add_argument("--vllm-python", help="the vLLM environment's Python, which runs the vLLM engines "
+                   "(default: .venv-vllm in tx's checkout if there is one, else tx's own)")
     p.add_argument("--engine-dtype", choices=("float32", "bfloat16", "float16"),
                    help="engine dtype (default: the trainer's, --train-dtype)")
     p.add_argument(
@@ -184,6 +186,8 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, help="vLLM engine: --max-model-len")
     p.add_argument("--max-lora-rank", type=int, default=32, choices=get_args(VllmLoraRank),
                    help="vLLM engine: the largest LoRA rank it takes, vLLM's --max-lora-rank (default 32)")
+    p.add_argument("--vllm-python", help="vLLM engine: the vLLM environment's Python, which runs it "
+                   "(default: .venv-vllm in tx's checkout if there is one, else this one)")
     p.add_argument("--vllm-url",
                    help="vLLM engine: serve over a vLLM you started on this machine, on a Unix socket in a private "
                    "directory: unix:///path/to/vllm.sock (see --print-vllm-command)")
@@ -229,8 +233,8 @@ def serve(args: argparse.Namespace) -> int:
         from tx.models.serve import resolve_served_models
 
         try:
-            require_vllm()
-            check_servable(resolve_served_models(settings))
+            require_vllm(settings.engines.vllm_python)
+            check_servable(resolve_served_models(settings), settings.engines.vllm_python)
         except (VllmUnavailable, VllmCannotServe) as exc:
             print(f"tx serve: {exc}", file=sys.stderr)
             return 2

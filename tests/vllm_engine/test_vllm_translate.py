@@ -23,19 +23,18 @@ PROMPT = [5, 17, 230]
     ],
 )
 def test_require_vllm_checks_the_tested_range(monkeypatch, found, ok):
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: found)
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda python=None: found)
     if ok:
         assert vllm_engine.require_vllm() == found[1]
     else:
-        with pytest.raises(vllm_engine.VllmUnavailable, match=r"tx\[vllm\]"):
+        with pytest.raises(vllm_engine.VllmUnavailable, match=r"install_vllm_cpu\.sh"):
             vllm_engine.require_vllm()
 
 
-def test_missing_vllm_names_the_extra(monkeypatch):
-    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda: None)
-    with pytest.raises(
-        vllm_engine.VllmUnavailable, match=r"not installed: install it with `pip install 'tx\[vllm\]'`"
-    ):
+def test_missing_vllm_says_how_to_make_the_vllm_environment(monkeypatch):
+    monkeypatch.setattr(vllm_engine, "installed_vllm", lambda python=None: None)
+    with pytest.raises(vllm_engine.VllmUnavailable,
+                       match=r"not installed in the vLLM environment .*scripts/install_vllm_cpu\.sh"):
         vllm_engine.require_vllm()
 
 

@@ -95,7 +95,7 @@ def test_local_launcher_names_the_engine_that_failed(tmp_path: Path):
 
 
 def test_a_kind_that_cannot_run_here_fails_when_the_launcher_is_built(tmp_path: Path):
-    def missing() -> None:
+    def missing(fields: dict) -> None:
         raise RuntimeError("install the extra")
 
     with pytest.raises(RuntimeError, match="install the extra"):

@@ -5,6 +5,7 @@ asks vLLM is replaced by a recorder here (named `asked`): what is tested is what
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ QWEN = {"platform": "cpu", "lora": True}
 
 @pytest.fixture
 def asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
-    """The architectures each (recorded, not real) vLLM child was asked about; the cache in tmp_path."""
+    """The architectures each (recorded, not real) vLLM child was asked about; the cache in tmp_path; this
+    Python as the vLLM environment's."""
     monkeypatch.setenv("TX_VLLM_SUPPORT_CACHE", str(tmp_path / "cache" / "vllm-support.json"))
+    monkeypatch.setattr(support_cache, "vllm_python", lambda python=None: sys.executable)
     calls: list[tuple[str, ...]] = []
 
-    def ask(architectures: tuple[str, ...]) -> dict[str, dict] | str:
+    def ask(architectures: tuple[str, ...], python: str | None) -> dict[str, dict] | str:
         calls.append(architectures)
         return {architecture: QWEN if architecture == "Qwen3ForCausalLM" else {"error": "unknown"}
                 for architecture in architectures}
@@ -46,15 +49,15 @@ def test_another_installation_or_platform_asks_again(asked: list[tuple[str, ...]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # may give vLLM another platform
     support.inspect(("Qwen3ForCausalLM",))
     support.inspect.cache_clear()
-    monkeypatch.setattr(support_cache, "installation_key", lambda: "another vLLM")
+    monkeypatch.setattr(support_cache, "installation_key", lambda python=None: "another vLLM")
     support.inspect(("Qwen3ForCausalLM",))
     assert asked == [("Qwen3ForCausalLM",)] * 3
 
 
 def test_a_failed_inspection_is_not_kept(asked: list[tuple[str, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(support, "_ask_vllm", lambda architectures: "vLLM's inspection failed: boom")
+    monkeypatch.setattr(support, "_ask_vllm", lambda architectures, python: "vLLM's inspection failed: boom")
     assert support.inspect(("Qwen3ForCausalLM",)) == {"Qwen3ForCausalLM": {"error": "vLLM's inspection failed: boom"}}
-    assert support_cache.load(support_cache.installation_key()) == {}
+    assert support_cache.load(support_cache.key_here()) == {}
 
 
 def test_an_unreadable_cache_is_ignored_and_the_cache_can_be_turned_off(
@@ -75,6 +78,6 @@ def test_a_reinstalled_distribution_changes_the_key(tmp_path: Path, monkeypatch:
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakevllm\nVersion: 0.32.0\n")
     monkeypatch.syspath_prepend(str(site))
-    first = support_cache.installation_key()
+    first = support_cache.key_here()
     os.utime(info, ns=(1, 1))
-    assert support_cache.installation_key() != first
+    assert support_cache.key_here() != first

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Self
 
@@ -36,6 +37,10 @@ class EngineProcessConfig(BaseModel):
     max_adapters: int = Field(default=8, ge=0, description="most LoRA adapters loaded at once")
     exit_with_parent: bool = Field(default=True, description="exit when the parent process goes away")
     log_level: str = "info"
+
+    def interpreter(self) -> str:
+        """The Python that runs this engine's process: this one."""
+        return sys.executable
 
     def to_env(self) -> dict[str, str]:
         """The environment entries that hand this config to a child process."""

@@ -3,7 +3,8 @@
 Every kind serves the same contract (`tx/inference/protocol/`) through the same app (`engines/app.py`,
 `engine_app(backend)`), is run the same way (`tx/inference/launch/process.py`: `python -m <module>` with its
 config as JSON in the environment, in a session of its own, ready once it wrote its ready file) and is started
-by the same launchers (`tx/inference/launch/`: local processes, or Ray actors). What differs is here:
+by the same launchers (`tx/inference/launch/`: local processes, or Ray actors), with the Python its config names
+(`EngineProcessConfig.interpreter`: the vLLM engine's runs in the vLLM environment). What differs is here:
 
 | kind       | config (`.config`)     | module (`.module`; its `__main__` builds the backend) | backend behind the app |
 |------------|------------------------|-------------------------------------------------------|------------------------|
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import get_args
+from typing import Any, get_args
 
 from tx.config.names import EngineKindName
 from tx.inference.engines.config import EngineProcessConfig
@@ -39,13 +40,19 @@ class EngineKind:
     stop_timeout_s: float  # how long `stop` waits after SIGTERM before it SIGKILLs the engine's process group
     tensor_parallel: bool  # whether one engine may span several GPUs
     batch_rows: int  # sequences one engine decodes together (a sample's num_samples is bounded by it)
-    check: Callable[[], object] | None = None  # raises when this kind cannot run here (at launcher start)
+    # raises when this kind cannot run here with these config fields (at launcher start)
+    check: Callable[[dict[str, Any]], object] | None = None
     standby: bool = False  # its module can start ahead and wait for its config on stdin (launch/standby.py)
 
-    def require(self) -> None:
-        """Fail now, with a message that says what to install, when this kind cannot run on this machine."""
+    def require(self, fields: dict[str, Any]) -> None:
+        """Fail now, with a message that says what to install, when this kind cannot run on this machine with
+        `fields` of its config (a launcher's engine options)."""
         if self.check is not None:
-            self.check()
+            self.check(fields)
+
+
+def _vllm_installed(fields: dict[str, Any]) -> str:
+    return require_vllm(fields.get("vllm_python"))
 
 
 EMBEDDED = EngineKind(
@@ -55,7 +62,7 @@ EMBEDDED = EngineKind(
 )
 VLLM = EngineKind(
     name="vllm", label="vLLM engine", module="tx.inference.engines.vllm", config=VllmEngineConfig,
-    startup_timeout_s=600.0, stop_timeout_s=30.0, tensor_parallel=True, check=require_vllm,
+    startup_timeout_s=600.0, stop_timeout_s=30.0, tensor_parallel=True, check=_vllm_installed,
     batch_rows=256,  # vLLM's default --max-num-seqs
 )
 ENGINE_KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (EMBEDDED, VLLM)}

@@ -47,6 +47,7 @@ class StandaloneEngine:
     max_model_len: int | None = None  # vLLM only
     max_lora_rank: int = 32  # vLLM only: its --max-lora-rank (the largest LoRA rank the engine takes)
     vllm_url: str | None = None  # vLLM only: serve over a vLLM the user started on this machine (unix:///...)
+    vllm_python: str | None = None  # vLLM only: the vLLM environment's Python, which runs the engine
     extra_vllm_args: list[str] = field(default_factory=list)
 
     def config(self, secret: str) -> EngineProcessConfig:
@@ -66,7 +67,7 @@ class StandaloneEngine:
         tp = ["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size > 1 else []
         return VllmEngineConfig(**self._common(secret), dtype=self.dtype, max_model_len=self.max_model_len,
                                 max_lora_rank=self.max_lora_rank, extra_args=tp + list(self.extra_vllm_args),
-                                vllm_url=self.vllm_url)
+                                vllm_url=self.vllm_url, vllm_python=self.vllm_python)
 
     def _common(self, secret: str) -> _CommonFields:
         from tx.models.resolve import resolve_model_dir
@@ -115,7 +116,8 @@ def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> st
     child = VllmChild(config, Path("."), BASE_MODEL_NAME, sleep_mode_on(config))
     env = child.environment()
     words = [f"{k}={env[k]}" for k in ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
-    words += ["vllm", "serve", str(config.model_dir), "--uds", str(socket), *child.flags()]
+    words += [config.interpreter(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(config.model_dir),
+              "--uds", str(socket), *child.flags()]  # the vLLM environment's vLLM
     vllm = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
     tx = ["tx", "engine", "serve", "--kind", "vllm", "--model", engine.model, "--vllm-url",
           f"{UNIX_SCHEME}{socket}", "--host", engine.host, "--port", str(engine.port),
@@ -128,12 +130,19 @@ def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> st
 
 
 def serve(engine: StandaloneEngine) -> None:
-    """Run the engine in the foreground until it is stopped."""
+    """Run the engine in the foreground until it is stopped: in this process, or, where its config names another
+    Python (the vLLM environment's), as that Python's process in place of this one."""
     from tx.inference.engines.kinds import engine_kind
+    from tx.inference.engines.vllm import is_this_python
 
-    config = engine.config(secret_from_env())
-    main = importlib.import_module(f"{engine_kind(engine.kind).module}.__main__").main
-    main(config)
+    config, module = engine.config(secret_from_env()), engine_kind(engine.kind).module
+    python = config.interpreter()
+    if not is_this_python(python):
+        try:
+            os.execve(python, [python, "-m", module], {**os.environ, **config.to_env()})
+        except OSError as exc:
+            raise StandaloneError(f"the vLLM environment's Python {python} does not run: {exc}") from None
+    importlib.import_module(f"{module}.__main__").main(config)
 
 
 __all__ = ["SECRET_ENV", "StandaloneEngine", "StandaloneError", "secret_from_env", "serve", "vllm_serve_command"]

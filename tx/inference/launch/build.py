@@ -62,7 +62,8 @@ def engine_options(engines: EngineSection, trainer: TrainerSection) -> dict[str,
     options: dict[str, Any] = {"dtype": engines.resolved_dtype(trainer)}
     if engines.kind == "vllm":
         options.update(gpu_memory_utilization=engines.memory_share, max_lora_rank=engines.max_lora_rank,
-                       extra_args=["--tensor-parallel-size", str(engines.tensor_parallel_size)])
+                       extra_args=["--tensor-parallel-size", str(engines.tensor_parallel_size)],
+                       vllm_python=engines.vllm_python)
     elif trainer.attn_implementation is not None:  # the embedded engine runs the trainer's attention
         options["attn_implementation"] = trainer.attn_implementation
     return options

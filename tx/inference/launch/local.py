@@ -63,7 +63,7 @@ class LocalLauncher:
         and these models' classes imported; the first engine started takes it. `env`: added to each engine's
         environment, the standby's too (its threads: `engine_env`)."""
         self.kind = engine_kind(kind) if isinstance(kind, str) else kind
-        self.kind.require()
+        self.kind.require(engine_options)
         self.work_dir = Path(work_dir)
         self.secret = secret
         self.host = host

@@ -3,7 +3,7 @@
 - `run_config`: the config of one engine run in a private run directory (its ready file there, and the
   private stash dir or the startup bound where the kind's config has one).
 - `spawn`: `python -m <kind.module>` with the config in its environment, in a session (process group) of its
-  own; `wait_ready` waits for its ready file; `stop` SIGTERMs it, then SIGKILLs whatever is left of its group
+  own, `python` being the config's (`EngineProcessConfig.interpreter`); `wait_ready` waits for its ready file; `stop` SIGTERMs it, then SIGKILLs whatever is left of its group
   (tx's vLLM process, the vLLM server, its engine core and workers), so nothing is orphaned.
 - `start_logged` does all three for a launcher: output to a log file, whose tail is in the error if the
   engine fails to start. Blocking: launchers run it in a thread.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +48,7 @@ def spawn(kind: EngineKind, config: EngineProcessConfig, **popen_kwargs: Any) ->
         raise ValueError(f"starting {kind.label} needs config.ready_file to learn the engine's URL")
     config.ready_file.unlink(missing_ok=True)
     env = {**os.environ, **popen_kwargs.pop("env", {}), **config.to_env()}
-    command = [sys.executable, "-m", kind.module]
+    command = [config.interpreter(), "-m", kind.module]
     return subprocess.Popen(command, env=env, start_new_session=True, **popen_kwargs)
 
 

@@ -80,7 +80,7 @@ def main(config: VllmEngineConfig | None = None) -> None:
     config = config or VllmEngineConfig.from_env()
     init_logging(config.log_level)
     try:
-        version = require_vllm()
+        version = require_vllm(sys.executable)  # this process runs in the vLLM environment
     except VllmUnavailable as exc:
         print(f"tx vLLM engine: {exc}", file=sys.stderr, flush=True)
         sys.exit(2)

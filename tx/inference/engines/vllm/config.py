@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from tx.inference.engines.config import EngineProcessConfig
+from tx.inference.engines.vllm import vllm_python
 
 WORKER_EXTENSION = "tx.inference.engines.vllm.worker.TxWorkerExtension"
 UNIX_SCHEME = "unix://"
@@ -60,8 +61,16 @@ class VllmEngineConfig(EngineProcessConfig):
         "unix:///path/to/vllm.sock, in a directory only its owner may enter (adapters go to it as files); "
         "instead of starting one. It must run with the flags `tx engine serve --print-vllm-command` prints"
     )
+    vllm_python: str | None = Field(
+        default=None, description="the Python of the vLLM environment, which runs this engine's process (tx "
+        "installed beside vLLM there); default: the checkout's .venv-vllm, else the launcher's Python"
+    )
     startup_timeout_s: float = Field(default=600.0, gt=0, description="how long vLLM may take to be healthy")
     rpc_timeout_s: float = Field(default=300.0, gt=0, description="bound on one worker call (weight update)")
+
+    def interpreter(self) -> str:
+        """The vLLM environment's Python (`tx.inference.engines.vllm.vllm_python`)."""
+        return vllm_python(self.vllm_python)
 
     @field_validator("vllm_url")
     @classmethod

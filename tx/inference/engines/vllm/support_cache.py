@@ -1,9 +1,10 @@
 """vLLM's answers about architectures (`support.inspect`), kept per installation: asking costs a child ~10 s of
 CPU importing vLLM's model code, and the answer changes only with what is installed.
 
-An answer is reused only under the same key: this Python (its prefix and version), every installed distribution
-(name, version, and when its metadata was written, so that a reinstall of the same version counts as new), and
-the environment variables and devices that decide vLLM's platform. Anything else is a miss, and a miss asks vLLM
+An answer is reused only under the same key: the vLLM environment's Python (its prefix and version), every
+distribution installed there (name, version, and when its metadata was written, so that a reinstall of the same
+version counts as new), and the environment variables and devices that decide vLLM's platform. The key of a
+vLLM environment other than this process's is made by its own Python, in a child. Anything else is a miss, and a miss asks vLLM
 again: a stale cache never accepts a model. Only complete answers from vLLM are kept (never a timeout or a failed
 child). The file is `$XDG_CACHE_HOME/tx/vllm-support.json` (`~/.cache/...`); `TX_VLLM_SUPPORT_CACHE` names another,
 and an empty value turns the cache off. A cache that cannot be read or written is ignored.
@@ -15,8 +16,11 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+from tx.inference.engines.vllm import is_this_python, vllm_python
 
 PLATFORM_ENV = ("VLLM_", "CUDA_", "NVIDIA_", "HIP_", "ROCR_", "ROCM_", "ZE_", "TPU_", "NEURON_")
 """Environment variables whose names start so may change which platform vLLM finds (or what it registers)."""
@@ -31,7 +35,22 @@ def cache_path() -> Path | None:
     return Path(root) / "tx" / "vllm-support.json"
 
 
-def installation_key() -> str:
+def installation_key(python: str | None = None) -> str | None:
+    """`key_here` of the vLLM environment (`vllm_python(python)`); None when its Python does not answer (nothing
+    is kept then)."""
+    python = vllm_python(python)
+    if is_this_python(python):
+        return key_here()
+    code = "from tx.inference.engines.vllm.support_cache import key_here; print(key_here())"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[-1] if done.returncode == 0 and lines else None
+
+
+def key_here() -> str:
     """A digest of what vLLM's answers depend on: this Python, the installed distributions, the platform."""
     distributions = sorted(
         (dist.metadata["Name"] or "", dist.version, _written_ns(dist)) for dist in importlib.metadata.distributions())
