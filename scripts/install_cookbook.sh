@@ -5,7 +5,7 @@
 #     lacks (and the recipes we run never import it). So: the wheel with --no-deps, then its other
 #     dependencies by hand.
 #   - tx's own pins must not move: transformers and torch are passed as constraints at the versions
-#     already installed (transformers 5.19.x, torch 2.13.0).
+#     already installed (CI's: transformers 5.23.x, torch 2.13.0).
 #   - the math-rl extra (sympy, pylatexenc, math-verify) is included: math_rl/train.py imports
 #     math_grading, which needs sympy and pylatexenc at import time.
 # Idempotent: returns quickly when everything is already there. Fails loudly on any error.
