@@ -118,7 +118,7 @@ def main() -> None:
             tc = client.create_lora_training_client(str(model_dir), rank=args.rank, seed=0).result()
             data = make_data(args.batch, args.seq_len, 8000)
             train_stream(tc, data, 2)  # warm-up: the trainer
-            sampling = tc.save_weights_and_get_sampling_client()
+            sampling = tc.save_weights_and_get_sampling_client().result()
             prompt = np.random.default_rng(1).integers(10, 7000, size=16).tolist()
             sampler = Sampler(sampling, prompt, args.max_tokens)
             for _ in range(3):  # warm-up: the engine starts lazily and loads the adapter
@@ -139,27 +139,30 @@ def main() -> None:
 
     busy_latencies = [s for phase in busy for s in phase["latencies"]]
     walls = [phase["stream_wall_s"] for phase in busy]
-    busy_med, wall_med = statistics.median(busy_latencies), statistics.median(walls)
+    wall_med, idle_med = statistics.median(walls), statistics.median(idle)
+    # None when no sample ran entirely during a stream (streams shorter than a sample)
+    busy_med = statistics.median(busy_latencies) if busy_latencies else None
     print(json.dumps({
         "model": "bench preset (~21M parameters)",
         "lora_rank": args.rank,
         "stream": {"steps": args.steps, "batch": [args.batch, args.seq_len], "pipelined": True},
         "sample_max_tokens": args.max_tokens,
         "engines": engines,
-        "busy_sample_latency_s_median": round(busy_med, 4),
-        "busy_sample_latency_s_max": round(max(busy_latencies), 4),
+        "busy_sample_latency_s_median": round(busy_med, 4) if busy_med is not None else None,
+        "busy_sample_latency_s_max": round(max(busy_latencies), 4) if busy_latencies else None,
         "busy_samples_total": len(busy_latencies),
         "busy_samples_per_stream": [len(phase["latencies"]) for phase in busy],
         "stream_wall_s_median": round(wall_med, 3),
         "stream_wall_s": [round(w, 3) for w in walls],
-        "ratio_sample_latency_over_stream_wall": round(busy_med / wall_med, 4),
+        "ratio_sample_latency_over_stream_wall":
+            round(busy_med / wall_med, 4) if busy_med is not None else None,
         "target_ratio": 0.2,
         "stream_alone_wall_s_median": round(statistics.median(alone), 3),
         "stream_alone_wall_s": [round(w, 3) for w in alone],
         "stream_slowdown_from_sampling": round(wall_med / statistics.median(alone), 2),
-        "idle_sample_latency_s_median": round(statistics.median(idle), 4),
+        "idle_sample_latency_s_median": round(idle_med, 4),
         "idle_samples_total": len(idle),
-        "busy_over_idle_sample_latency": round(busy_med / statistics.median(idle), 2),
+        "busy_over_idle_sample_latency": round(busy_med / idle_med, 2) if busy_med is not None else None,
     }, indent=2))
 
 
