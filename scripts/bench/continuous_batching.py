@@ -172,13 +172,16 @@ def main() -> None:
             "embedded-static": ("embedded", {**embedded, "batching": "static"}),
             "embedded-continuous": ("embedded", {**embedded, "batching": "continuous"}),
             "vllm": ("vllm", {"dtype": "float32", "max_model_len": 512, "max_lora_rank": RANK,
-                              "log_level": "warning", "extra_args": ["--max-num-seqs", str(args.samplers)]}),
+                              "log_level": "warning", "extra_args": ["--max-num-seqs", str(args.samplers)],
+                              "vllm_python": os.environ.get("TX_VLLM_PYTHON")}),  # as tx serve reads it
         }
         for name in args.engines.split(","):
             kind, options = kinds[name]
             try:
                 engine = Engine(kind, model_dir, Path(tmp) / name, args.versions, **options)
-            except RuntimeError as exc:  # vLLM not installed, or it cannot start here
+            except RuntimeError as exc:  # vLLM not installed, or it cannot start here; an embedded one must
+                if kind != "vllm":
+                    raise
                 report[name] = {"skipped": str(exc)[:300]}
                 continue
             try:
