@@ -16,8 +16,10 @@ Usage: python scripts/bench/core_siblings.py [--steps 60] [--pass-cpu N] [--load
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -63,7 +65,9 @@ def main() -> None:
     pass_cpu = cpus[-1] if args.pass_cpu is None else args.pass_cpu
     load_cpu = cpus[-2] if args.load_cpu is None else args.load_cpu
     os.sched_setaffinity(0, {pass_cpu})  # before torch's thread pool starts: every thread of this process
-    backend = bare_backend(write_tiny_text_model(Path(tempfile.mkdtemp()) / "model", preset="tiny"), 1)
+    tmp = tempfile.mkdtemp(prefix="tx-bench-siblings-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    backend = bare_backend(write_tiny_text_model(Path(tmp) / "model", preset="tiny"), 1)
     batch = backend_batch()
     adam = AdamParams(learning_rate=1e-4)
 

@@ -9,9 +9,11 @@ Usage: python scripts/bench/lean_body.py [--steps 40] [--threads 1] [--seq-len 6
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -34,7 +36,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
-    model_dir = write_tiny_text_model(Path(tempfile.mkdtemp()) / "model", preset="tiny")
+    tmp = tempfile.mkdtemp(prefix="tx-bench-lean-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    model_dir = write_tiny_text_model(Path(tmp) / "model", preset="tiny")
     backend = bare_backend(model_dir, args.threads)
     batch = backend_batch(args.batch, args.seq_len)
     adam = AdamParams(learning_rate=1e-4)

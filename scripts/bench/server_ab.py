@@ -22,6 +22,7 @@ trace).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -165,6 +166,7 @@ def main() -> None:
     opts = parser.parse_args()
     sides = dict(parse_side(spec) for spec in opts.side)
     tmp = Path(tempfile.mkdtemp(prefix="tx-bench-ab-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the model and the servers' data, when this ends
     model_dir = shared_model(tmp / "model")
     os.chdir(tmp)  # `python -m tx.cli` puts its working directory first on sys.path, before each side's tree
     with ExitStack() as stack:
