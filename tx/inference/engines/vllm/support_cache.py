@@ -3,9 +3,9 @@ CPU importing vLLM's model code, and the answer changes only with what is instal
 
 An answer is reused only under the same key: the vLLM environment's Python (its prefix and version), every
 distribution installed there (name, version, and when its metadata was written, so that a reinstall of the same
-version counts as new), and the environment variables and devices that decide vLLM's platform. The key of a
-vLLM environment other than this process's is made by its own Python, in a child. Anything else is a miss, and a miss asks vLLM
-again: a stale cache never accepts a model. Only complete answers from vLLM are kept (never a timeout or a failed
+version counts as new), and the environment variables and devices that decide vLLM's platform (the key of a vLLM
+environment other than this process's is made by its own Python, in a child). Anything else is a miss, and a
+miss asks vLLM again: a stale cache never accepts a model. Only complete answers from vLLM are kept (never a timeout or a failed
 child). The file is `$XDG_CACHE_HOME/tx/vllm-support.json` (`~/.cache/...`); `TX_VLLM_SUPPORT_CACHE` names another,
 and an empty value turns the cache off. A cache that cannot be read or written is ignored.
 """
@@ -36,8 +36,8 @@ def cache_path() -> Path | None:
 
 
 def installation_key(python: str | None = None) -> str | None:
-    """`key_here` of the vLLM environment (`vllm_python(python)`); None when its Python does not answer (nothing
-    is kept then)."""
+    """`key_here` of the vLLM environment (`vllm_python(python)`); None when its Python does not answer
+    (nothing is kept then)."""
     python = vllm_python(python)
     if is_this_python(python):
         return key_here()
