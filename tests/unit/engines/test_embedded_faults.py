@@ -28,7 +28,7 @@ from tx.inference.engines.embedded.transfer import WeightReceiver
 from tx.inference.engines.embedded.weights import Weights
 from tx.inference.engines.http import detail_of
 from tx.inference.engines.streaming import TokenStream
-from tx.inference.protocol import GenerateRequest, LoraSpec, WeightsUpdateRequest
+from tx.inference.protocol import EngineStats, GenerateRequest, LoraSpec, WeightsUpdateRequest
 from tx.inference.weight_sync import BroadcastSender, TransferInit, free_port, plan_update
 
 WAIT_S = 20.0
@@ -284,3 +284,25 @@ def test_a_failed_stream_ends_with_an_error_event_naming_the_cause():
     assert [d.token_ids for event in deltas for d in event.deltas] == [[7]]
     assert (last.error_status, last.error_detail) == (500, "InjectedFault: injected fault in step")
     assert detail_of(cause) == last.error_detail
+
+
+def test_a_row_whose_adapter_is_unloaded_between_two_steps_ends_with_abort(tiny_model_dir, reference_model):
+    """The scheduler ends the rows of an unloaded adapter before each step, but a load that fails (or a delete)
+    on another thread can unload it after that look: the step then raised "adapter is not loaded" and failed
+    the whole batch (seen as a flaky test_an_update_in_place_that_fails_...). The step itself now ends them."""
+    weights = Weights(tiny_model_dir, max_adapters=1)
+    _, tensors = random_adapter(reference_model, 0, SPEC.r, SPEC.lora_alpha, TARGETS)
+    weights.load_adapter("gone", SPEC, dict(tensors))
+    stats = EngineStats()
+    batch = RunningBatch(weights, stats)
+    job = batch_module.Job(request(max_tokens=50, adapter="gone"))
+    other = batch_module.Job(request(max_tokens=3))
+    with torch.inference_mode():
+        batch.admit([job, other])
+        weights.delete_adapter("gone")  # as a failed load on the receiver's thread does
+        while batch.rows:
+            batch.step()
+    (seq,) = job.future.result(timeout=1).sequences
+    assert seq.stop_reason == "abort" and len(seq.token_ids) == 1
+    assert other.future.result(timeout=1).sequences[0].stop_reason == "length"
+    assert stats.num_decode_steps == 2

@@ -163,10 +163,13 @@ class RunningBatch:
 
     def step(self) -> None:
         """One decode step for every live row (each has one sampled token the cache has not seen)."""
-        assert self.decode is not None
-        live = next(row for row in self.rows if not row.done)  # rows that stopped may stay (`drop_finished`)
-        tokens = [row.token_ids[-1] if row.token_ids else self.weights.pad_id for row in self.rows]
         with self.weights.lock:
+            self.abort(only_adapters_gone=True)  # unloaded since the scheduler looked (a failed load, a delete)
+            if not self.rows:
+                return
+            assert self.decode is not None
+            live = next(row for row in self.rows if not row.done)  # rows that stopped may stay (`drop_finished`)
+            tokens = [row.token_ids[-1] if row.token_ids else self.weights.pad_id for row in self.rows]
             adapters = [(live if row.done else row).request.adapter for row in self.rows]
             model = self.weights.use(adapters)
             lean = self.weights.lean_plan(model) if len(set(adapters)) == 1 else None
