@@ -1,8 +1,14 @@
-"""Trainer memory and speed at real layouts of the new families, Qwen's vocabulary (151,936): an MoE and Qwen3.5.
+"""Trainer memory and speed at real layouts of the new families, Qwen's vocabulary (151,936): MoEs and hybrids.
 
-Two layouts, both hidden 256 with vocabulary 151,936 (the embedding and head dominate, as in the real models):
-- moe: Qwen3-MoE, 2 layers, 16 routed experts of width 256 (top 4), fused into 3-D tensors;
-- qwen3_5: Qwen3.5, 4 layers (3 gated-delta-net linear-attention layers, then a full-attention one), MLP 768.
+Three layouts with vocabulary 151,936 (the embedding and head dominate, as in the real models):
+- moe: Qwen3-MoE, hidden 256, 2 layers, 16 routed experts of width 256 (top 4), fused into 3-D tensors;
+- qwen3_5: Qwen3.5, hidden 256, 4 layers (3 gated-delta-net linear-attention layers, then a full-attention
+  one), MLP 768;
+- nemotron_h: Nemotron-3 Nano's hidden size (2,688) and layer shapes (Mamba2: 64 heads of 64, state 128, 8
+  groups; attention: 32 heads of 128, 2 KV heads; MoE: experts of width 1,856, top 6, a shared expert of
+  3,712), one layer of each kind (Mamba2, MoE, attention, Mamba2), with 16 routed experts instead of 128 so
+  that it fits this machine (expert LoRA grows with their number). Its rows are padded: the self-check finds
+  Mamba2's scan mixing packed datums.
 
 A request of `--datums` datums of random lengths `--min-len` to `--max-len` (default 12 of 32-512, seed 0:
 2,909 tokens; cross_entropy), LoRA rank 32. For each
@@ -37,7 +43,9 @@ SMOKE_VOCAB = 2_048
 CASES = [  # (layout, packing, expert LoRA)
     ("moe", "packed", True), ("moe", "padded", True), ("moe", "packed", False), ("moe", "padded", False),
     ("qwen3_5", "packed", True), ("qwen3_5", "padded", True),
+    ("nemotron_h", "padded", True), ("nemotron_h", "padded", False),
 ]
+NEMOTRON_HIDDEN = 2_688
 
 
 def _rss_kib(field: str) -> int:
@@ -47,8 +55,26 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(field)
 
 
+def _nemotron_h(vocab: int):
+    from transformers import NemotronHConfig
+
+    real = vocab != SMOKE_VOCAB  # the smoke run keeps the layout at a small width
+    hidden, scale = (NEMOTRON_HIDDEN, 1) if real else (256, 8)
+    return NemotronHConfig(
+        vocab_size=vocab, hidden_size=hidden, num_attention_heads=32 // scale, num_key_value_heads=2,
+        head_dim=128, max_position_embeddings=4096, tie_word_embeddings=False, dtype="float32",
+        layers_block_type=["linear_attention", "moe", "full_attention", "linear_attention"], mamba_num_heads=64 // scale,
+        mamba_head_dim=64, ssm_state_size=128, n_groups=8 // scale, chunk_size=128, n_routed_experts=16,
+        num_experts_per_tok=6, moe_intermediate_size=1_856 // scale, moe_shared_expert_intermediate_size=3_712 // scale,
+        intermediate_size=1_856 // scale, architectures=["NemotronHForCausalLM"],
+    )
+
+
 def _config(layout: str, vocab: int):
     from transformers import Qwen3_5TextConfig, Qwen3MoeConfig
+
+    if layout == "nemotron_h":
+        return _nemotron_h(vocab)
 
     common = dict(vocab_size=vocab, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   max_position_embeddings=4096, tie_word_embeddings=False, dtype="float32")
@@ -83,7 +109,7 @@ def run(layout: str, packing: str, experts: bool, num_datums: int, lengths_range
     from tx.types import Datum, ForwardBackwardInput, LoraConfig, ModelInput
 
     backend = TorchBackend({"m": model_dir(layout, vocab)}, device="auto")
-    backend.create_model("run", "m", LoraConfig(rank=32, seed=0, train_mlp=experts or layout != "moe"))
+    backend.create_model("run", "m", LoraConfig(rank=32, seed=0, train_mlp=experts or layout == "qwen3_5"))
     chosen = backend._hosts["m"].packing
     backend._hosts["m"].packing = packing  # forced: the bench compares both layouts of rows
     rng = np.random.default_rng(0)
