@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import tinker
 from cookbook import offline_env
+from families import FAMILIES
 from sdk_datums import sft_datum
 from tinker import types
 from txserver import TxServer
 
-from tx.models import write_tiny_model, write_to_hf_cache
+from tx.models import preset_for_name, write_tiny_model, write_to_hf_cache
 
 HUB_NAMES = {  # hub name -> the family its tiny model must be
     "Qwen/Qwen3-8B": "tiny",
@@ -30,12 +31,23 @@ HUB_NAMES = {  # hub name -> the family its tiny model must be
     "openai/gpt-oss-20b": "gpt_oss",
     "Qwen/Qwen3.5-4B": "qwen3_5_vl",
     "Qwen/Qwen3.6-35B-A3B": "qwen3_5_moe_vl",
+    "allenai/Olmo-3-7B-Instruct": "olmo3",  # hosted Tinker's newer families (tests/families.py LINEUP)
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "nemotron_h",
+    "deepseek-ai/DeepSeek-V4-Flash": "deepseek_v4",
+    "zai-org/GLM-5": "glm_moe_dsa",
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": "qwen3_vl_moe",
+    "thinkingmachines/Inkling": "inkling",
 }
 DIRECTORIES = ("qwen3_5", "qwen3_5_moe")
-pytestmark = pytest.mark.slow  # ~7 min on this project's loaded 2-core machine (2.5 min of CPU)
+pytestmark = pytest.mark.slow  # ~7 min on this project's loaded 2-core machine (2.5 min of CPU) before the lineup
 
 STEPS = 6
 VOCAB = 2000  # regular tokens of the tiny tokenizer
+
+
+def test_the_names_and_directories_cover_every_family() -> None:
+    assert all(preset_for_name(name) == family for name, family in HUB_NAMES.items())
+    assert sorted([*HUB_NAMES.values(), *DIRECTORIES]) == sorted(FAMILIES)
 
 
 @pytest.fixture(scope="module")
