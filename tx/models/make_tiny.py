@@ -2,8 +2,9 @@
 
 A preset is one of: the Qwen3 text shapes of `tiny.py` ("tiny", "bench", "vocab-h64", "vocab-h256"; "qwen3"
 is "tiny"), a family of `tiny_families.py` (qwen3_5, qwen3_5_moe, qwen3_moe, deepseek_v3, gpt_oss, gemma3,
-llama, olmo3, nemotron_h, deepseek_v4, glm_moe_dsa, inkling) or a vision-language one of `tiny_vlm.py`
-("vlm" = Qwen3-VL, qwen3_vl_moe, qwen3_5_vl, qwen3_5_moe_vl).
+llama, olmo3, nemotron_h, deepseek_v4, glm_moe_dsa, inkling, inkling2, mistral_large4) or a vision-language
+one of `tiny_vlm.py` ("vlm" = Qwen3-VL, qwen3_vl_moe, qwen3_5_vl, qwen3_5_moe_vl). inkling2 needs
+transformers >= 5.23 and mistral_large4 >= 5.22: with an older one, writing them is a ValueError saying so.
 
 Without an explicit preset, the hub name picks the family (`NAME_PATTERNS`, first match wins, ignoring
 case): `Qwen/Qwen3.5-4B` gets a tiny Qwen3.5 vision-language model, as the real checkpoint is one. A name no
@@ -42,6 +43,8 @@ NAME_PATTERNS: tuple[tuple[str, str | None], ...] = (
     (r"nvidia/NVIDIA-Nemotron-3-.*", "nemotron_h"),
     (r"zai-org/GLM-5.*", "glm_moe_dsa"),
     (r"allenai/Olmo-3.*", "olmo3"),
+    (r"mistralai/Mistral[-_]?Large[-_]?4([-_.].*)?", "mistral_large4"),
+    (r"thinkingmachines/Inkling[-_]?2([-_.].*)?", "inkling2"),
     (r"thinkingmachines/Inkling.*", "inkling"),
 )
 """Hub-name pattern -> preset (None: a known family with no tiny preset). Matched against the whole name,

@@ -32,6 +32,15 @@ layers, and adds what makes the family itself:
   convolutions and a relative position bias in every layer; its final hidden states are divided by 2 before
   the head (muP; the real model's 24 leaves a tiny model's logits no room to learn: docs/tiny-models.md). It
   is written without an image processor config, so tx takes text only for it.
+- inkling2: Inkling 2 (transformers >= 5.23), multimodal, text only as Inkling: sliding-window, full and
+  sliding-window layers (sinks, gates, a relative position bias, short convolutions, dynamic ones on the full
+  layer's keys and values), each with 4 routed experts (top 2, sigmoid-scored, softcapped SwiGLU); attention
+  residuals over blocks of 2 layers, so both layer types meet a block boundary; its logits softcapped at 30.
+- mistral_large4: Mistral Large 4 (transformers >= 5.22), multimodal (a Pixtral tower), text only as Inkling:
+  four layers of multi-head latent attention with the DSA indexer: a dense-MLP layer running its indexer whose
+  latent KV the last two reuse, a NoPE layer reusing the indexer's choice, a layer with its own indexer over the
+  reused KV, and one reusing both; the last three with 4 routed experts (top 2) and a shared one. Its logits
+  are softcapped at 30.
 
 Windows of 16 tokens are shorter than the sequences tests send, so the window is exercised.
 """
@@ -51,11 +60,11 @@ if TYPE_CHECKING:
 WINDOW = 16
 """Sliding-window width of the families that have one."""
 INDEX_HEADS = 16
-"""Heads of a sparse-attention indexer (DeepSeek-V4, GLM-5). Its scores are a weighted sum of ReLUs over heads: with
-few heads a random model scores many keys exactly 0, and which of those tied keys its top-k keeps changes with
-the shape of the pass (a row alone or in a batch, a prompt or a decode step), so the model itself would not
-give a position the same logprob twice. With 16 heads no key ties, and a top-k of 4 drops keys from the check's
-prompts on: the sparse path is the one under test."""
+"""Heads of a sparse-attention indexer (DeepSeek-V4, GLM-5, Mistral Large 4). Its scores are a weighted sum of
+ReLUs over heads: with few heads a random model scores many keys exactly 0, and which of those tied keys its
+top-k keeps changes with the shape of the pass (a row alone or in a batch, a prompt or a decode step), so the
+model itself would not give a position the same logprob twice. With 16 heads no key ties, and a top-k of 4
+drops keys from the check's prompts on: the sparse path is the one under test."""
 
 
 def _common(ids: dict[str, int]) -> dict[str, Any]:
@@ -215,6 +224,54 @@ def inkling(ids: dict[str, int]) -> PretrainedConfig:
     )
 
 
+def transformers_class(name: str, version: str) -> Any:
+    """`transformers.<name>`, or a ValueError saying which transformers release brought it (`version`) where the
+    installed one lacks it (tx takes transformers >= 5.19; some families are newer)."""
+    import transformers
+
+    found = getattr(transformers, name, None)
+    if found is None:
+        raise ValueError(f"this family needs transformers >= {version} ({name}); installed: transformers "
+                         f"{transformers.__version__}")
+    return found
+
+
+def inkling2(ids: dict[str, int]) -> PretrainedConfig:
+    config_class = transformers_class("Inkling2Config", "5.23")
+    text = {key: value for key, value in _common(ids).items() if key not in ("dtype", "tie_word_embeddings")}
+    text |= {"num_hidden_layers": 3, "unpadded_vocab_size": text["vocab_size"], "head_dim": 32,
+             "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
+             "sliding_window_size": WINDOW, "d_rel": 8, "rel_extent": 32, "moe_intermediate_size": 32,
+             "n_routed_experts": 4, "num_experts_per_tok": 2, "n_layers_per_attn_res_block": 2,
+             "layer_types": ["hybrid_sliding", "hybrid", "hybrid_sliding"]}
+    hidden = text["hidden_size"]
+    vision = {"patch_size": 16, "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "posemb_grid_size": 4, "projection_hidden_dim": hidden, "text_hidden_size": hidden}
+    return config_class(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                        architectures=["Inkling2ForConditionalGeneration"])
+
+
+def mistral_large4(ids: dict[str, int]) -> PretrainedConfig:
+    config_class = transformers_class("MistralLarge4Config", "5.22")
+    text = {key: value for key, value in _common(ids).items() if key != "dtype"}
+    text |= {"num_hidden_layers": 4, "num_key_value_heads": 4, "intermediate_size": 128,
+             "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+             "kv_lora_rank": 32, "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32,
+             "index_topk": 4, "index_head_dim": 64, "index_n_heads": INDEX_HEADS,
+             "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+             "indexer_types": ["full", "shared", "full", "shared"],
+             "no_rope_layers": [1, 0, 1, 1],  # 0: a NoPE layer
+             "kv_source_layers": [0, 1, 0, 0],  # the last two attend to the first's latent KV
+             # the real YaRN (a 512-token pretraining window, no magnitude scaling), its factor the tiny context's
+             "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
+                                 "factor": text["max_position_embeddings"] / 512, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "attention_factor": 1.0}}
+    vision = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "patch_size": 16, "image_size": 64, "hidden_act": "silu"}
+    return config_class(text_config=text, vision_config={"model_type": "pixtral", **vision},
+                        image_token_index=ids["<|image_pad|>"], architectures=["MistralLarge4ForConditionalGeneration"])
+
+
 TEXT_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = MappingProxyType({
     "qwen3_5": qwen3_5_text,
     "qwen3_5_moe": qwen3_5_moe_text,
@@ -228,5 +285,7 @@ TEXT_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = Mapp
     "deepseek_v4": deepseek_v4,
     "glm_moe_dsa": glm_moe_dsa,
     "inkling": inkling,
+    "inkling2": inkling2,
+    "mistral_large4": mistral_large4,
 })
 """Text family presets: name -> the tiny config, given the tokenizer's special-token ids."""

@@ -33,6 +33,16 @@ NAMES = {
     "zai-org/GLM-5": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
     "allenai/Olmo-3-7B-Instruct": ("olmo3", "Olmo3ForCausalLM"),
     "thinkingmachines/Inkling": ("inkling", "InklingForConditionalGeneration"),
+    "thinkingmachines/Inkling-2-Small-MXFP8": ("inkling2", "Inkling2ForConditionalGeneration"),
+    "mistralai/Mistral-Large-4-1T-A52B": ("mistral_large4", "MistralLarge4ForConditionalGeneration"),
+}
+SPELLINGS = {  # more spellings of the newest families' hub ids
+    "thinkingmachines/Inkling-2": "inkling2",
+    "thinkingmachines/inkling2-small": "inkling2",
+    "thinkingmachines/Inkling-Small": "inkling",
+    "mistralai/Mistral-Large-4": "mistral_large4",
+    "mistralai/Mistral-Large-4-Instruct-2606:peft": "mistral_large4",
+    "mistralai/Mistral_Large_4": "mistral_large4",
 }
 ARCHITECTURES = {preset: arch for preset, arch in NAMES.values()} | {
     "qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
@@ -44,8 +54,14 @@ def test_the_name_picks_the_family(name: str) -> None:
     assert preset_for_name(name) == NAMES[name][0]
 
 
+@pytest.mark.parametrize("name", sorted(SPELLINGS))
+def test_other_spellings_pick_the_family(name: str) -> None:
+    assert preset_for_name(name) == SPELLINGS[name]
+
+
 @pytest.mark.parametrize(
-    "name", ["Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.1", "nvidia/Nemotron-H-8B-Base-8K"]
+    "name", ["Qwen/Qwen2.5-7B", "mistralai/Mistral-7B-v0.1", "nvidia/Nemotron-H-8B-Base-8K",
+             "mistralai/Mistral-Large-Instruct-2411", "mistralai/Mistral-Large-40B"]
 )
 def test_an_unknown_family_is_an_error_naming_the_presets(name: str) -> None:
     with pytest.raises(ValueError, match=r"no tiny model family is known .*--preset .*qwen3_5_moe"):
@@ -57,6 +73,21 @@ def test_make_tiny_refuses_an_unknown_name_without_a_preset(tmp_path: Path) -> N
     cmd = [sys.executable, "-m", "tx.cli", "models", "make-tiny", name, "--out", str(tmp_path)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--preset" in result.stderr
+    assert not (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize(("preset", "needed"), [("inkling2", "5.23"), ("mistral_large4", "5.22")])
+def test_a_family_newer_than_the_installed_transformers_names_the_version(
+    preset: str, needed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    config_class = {"inkling2": "Inkling2Config", "mistral_large4": "MistralLarge4Config"}[preset]
+    monkeypatch.setattr(transformers, config_class, None)  # what getattr(transformers, name, None) gives there
+    monkeypatch.setattr(transformers, "__version__", "5.19.0")
+    with pytest.raises(ValueError, match=rf"needs transformers >= {needed} \({config_class}\); installed: "
+                                         r"transformers 5\.19\.0"):
+        write_tiny_model(tmp_path, preset=preset)
     assert not (tmp_path / "config.json").exists()
 
 
