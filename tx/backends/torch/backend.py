@@ -41,6 +41,7 @@ from tx.backends.torch.memory import (
 )
 from tx.backends.torch.model import load_causal_lm, read_model_info, training_flops_per_token
 from tx.backends.torch.optim import new_optimizer, optimizer_of, optimizer_step
+from tx.backends.torch.logit_cap import choose_logit_cap
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
@@ -146,7 +147,7 @@ class TorchBackend(TrainingBackend):
             path = self._paths[base_model]
             model = load_causal_lm(path, self.device, dtype, checkpointing, self.settings.attn_implementation)
             packing = choose_packing(model, vision_processor(path) is not None, base_model)
-            self._hosts[base_model] = AdapterHost(model, packing)
+            self._hosts[base_model] = AdapterHost(model, packing, choose_logit_cap(model, base_model))
             self._budgets[base_model] = self._budget(model, dtype, checkpointing)
             logger.info("%s: micro-batches of up to %d tokens", base_model, self._budgets[base_model])
             if self._checkpoint_by_size:

@@ -55,6 +55,23 @@ def lean_head(unembedding: torch.nn.Module) -> Head:
     return unembedding if lean is None else lean
 
 
+def softcapped(head: Head, logit_cap: float | None) -> Head:
+    """`head` as the logits of a model that softcaps them at `logit_cap` (None: `head` itself; `logit_cap.py`)."""
+    return head if logit_cap is None else Softcapped(head, logit_cap)
+
+
+@dataclass(frozen=True)
+class Softcapped:
+    """The logits of a model that softcaps its head's output: cap * tanh(head(x) / cap), in float32. Its gradient
+    runs through autograd (`head_grad.py` takes plain heads only)."""
+
+    head: Head
+    cap: float
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.head(hidden).float() / self.cap) * self.cap
+
+
 def plain_lora(module: torch.nn.Module) -> LeanHead | None:
     """`module`'s one active adapter as a `LeanHead` when PEFT's forward is exactly base + scaled B(A(x)) (the
     module docstring's conditions), else None. The body's LoRA layers take it too (`lean_body.py`)."""

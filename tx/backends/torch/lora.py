@@ -53,10 +53,13 @@ def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
 class AdapterHost:
     """One base model and the LoRA adapters of every run on it."""
 
-    def __init__(self, model: PreTrainedModel, packing: PackingMode = "padded") -> None:
-        """`packing`: how micro-batches lay datums into rows for this model (`packing.choose_packing`)."""
+    def __init__(self, model: PreTrainedModel, packing: PackingMode = "padded", logit_cap: float | None = None
+                 ) -> None:
+        """`packing`: how micro-batches lay datums into rows for this model (`packing.choose_packing`);
+        `logit_cap`: the softcap of its logits, None for none (`logit_cap.choose_logit_cap`)."""
         self.model = model
         self.packing: PackingMode = packing
+        self.logit_cap = logit_cap
         self._peft: peft.PeftModel | None = None
         self._active: str | None = None
         self._structure: ModelStructure | None = None  # read before the first adapter wraps any module
@@ -139,10 +142,11 @@ class AdapterHost:
         attention_mask: torch.Tensor | None = None,
         vision: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """(R, L, H) final hidden states (after the last norm) with the active adapter applied; no logits.
+        """(R, L, H) final hidden states (the unembedding's input) with the active adapter applied; no logits.
 
-        The model's own forward runs, with its unembedding swapped for an identity for the call, so hooks on
-        the root module (FSDP2's all-gathers in trainer workers) run as for a normal pass. `vision` holds a
+        The model's own forward runs, with its unembedding swapped for an identity that keeps its input for the
+        call (what the model does to its head's output, a softcap, then runs on the hidden states and is
+        dropped), so hooks on the root module (FSDP2's all-gathers in trainer workers) run as for a normal pass. `vision` holds a
         vision-language model's image inputs (pixel_values, image_grid_thw, mm_token_type_ids); placeholder
         ids outside its images are text (`tx.multimodal.placeholders`). Packed rows of a "packed_masks" model
         get the masks of their datum boundaries (`packing.boundary_masks`)."""
@@ -150,12 +154,13 @@ class AdapterHost:
         if self.packing == "packed_masks" and position_ids is not None:
             masks = boundary_masks(self.model, input_ids, position_ids)
         unembedding = self.model.get_output_embeddings()
-        self.model.set_output_embeddings(torch.nn.Identity())
+        keep = _KeepInput()
+        self.model.set_output_embeddings(keep)
         small = self.checkpoint_above is not None and input_ids.numel() <= self.checkpoint_above
         try:
             with (checkpointing_off(self.model) if small else nullcontext(),
                   text_placeholders_apart(self.model, input_ids, vision or {}) as model_ids):
-                out = self.model(
+                self.model(
                     input_ids=model_ids,
                     position_ids=position_ids,
                     attention_mask=masks,
@@ -164,7 +169,9 @@ class AdapterHost:
                 )
         finally:
             self.model.set_output_embeddings(unembedding)
-        return out.logits
+        if keep.input is None:
+            raise RuntimeError(f"{type(self.model).__name__}'s forward never called its unembedding")
+        return keep.input
 
     @property
     def vocab_size(self) -> int:
@@ -177,3 +184,15 @@ class AdapterHost:
         if unembedding is None:
             raise RuntimeError(f"{type(self.model).__name__} has no output embeddings (lm_head)")
         return unembedding
+
+
+class _KeepInput(torch.nn.Module):
+    """An identity standing in for the unembedding during `AdapterHost.hidden_states`: it keeps its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input: torch.Tensor | None = None
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.input = hidden
+        return hidden

@@ -15,7 +15,7 @@ import torch
 
 from tx.backends.losses import LossFn
 from tx.backends.torch.batch import MicroBatch
-from tx.backends.torch.head import Head, lean_head
+from tx.backends.torch.head import Head, lean_head, softcapped
 from tx.backends.torch.lean_body import lean_linears
 from tx.backends.torch.logprobs import chunk_positions, per_token_backward, target_logprobs
 from tx.backends.torch.lora import AdapterHost
@@ -76,6 +76,7 @@ def head_step(
     the backward into the active adapter's head and through `hidden`."""
     chunk = chunk_positions(host.vocab_size)
     unembed = lean_head(host.unembedding)  # its LoRA from the weights when plain (`head.py`)
+    unembed = softcapped(unembed, host.logit_cap)  # where the model softcaps its logits (`logit_cap.py`)
     with torch.no_grad() if forward_only else torch.enable_grad():
         if not forward_only and custom is None and loss_fn.name in PER_TOKEN_LOSSES:
             return _per_token_step(hidden, unembed, micro, loss_fn, config, chunk)

@@ -30,6 +30,7 @@ from tx.backends.torch.batch import prepare_data
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.optim import new_optimizer
+from tx.backends.torch.logit_cap import choose_logit_cap
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.multimodal import vision_processor
@@ -50,7 +51,7 @@ class ShardedTorchBackend(RankTorchBackend):
             model = load_causal_lm(path, torch.device("cpu"), dtype, checkpointing,
                                    self.settings.attn_implementation, runs_on=self.device)
             packing = choose_packing(model, vision_processor(path) is not None, base_model)
-            self._hosts[base_model] = AdapterHost(model, packing)
+            self._hosts[base_model] = AdapterHost(model, packing, choose_logit_cap(model, base_model))
         return self._hosts[base_model]
 
     def create_model(self, model_id: str, base_model: str, lora: LoraConfig,
