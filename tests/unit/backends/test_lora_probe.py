@@ -2,8 +2,9 @@
 changed: a linear whose forward is not a plain matmul is left out (DeepSeek-V4's grouped output projection:
 LoRA there made forward_backward a 500) while one whose own forward is plain keeps LoRA; a linear whose output
 gets no gradient is left out (GLM-5's indexer, under torch.no_grad: its LoRA stayed 0); a part named like
-attention that works token by token is an MLP (Nemotron-H's dense MLP mixer); and a config written from the
-model's files names exactly the modules the trainer's adapter holds."""
+attention that works token by token is an MLP (Nemotron-H's dense MLP mixer), while attention taking its keys
+from other inputs than its hidden states is attention (Inkling 2, Mistral Large 4); and a config written from
+the model's files names exactly the modules the trainer's adapter holds."""
 
 from __future__ import annotations
 
@@ -93,6 +94,45 @@ def test_an_attention_named_part_that_works_token_by_token_is_an_mlp() -> None:
     dense, attention = probed(model).layers
     assert (dense.attention, dense.mlp) == ((), ("mixer.up_proj", "mixer.down_proj"))
     assert attention.attention == ("mixer.q_proj", "mixer.k_proj", "mixer.v_proj", "mixer.o_proj")
+
+
+class KeysApart(torch.nn.Module):
+    """Causal attention whose queries come from its hidden states and its keys from another input: a tensor of
+    their own (Inkling 2's full attention) or an earlier layer's, in a container (Mistral Large 4's KV sharing)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.q_proj = torch.nn.Linear(hidden, hidden)
+
+    def forward(self, hidden_states: torch.Tensor, key_states=None, shared=None, mask=None) -> torch.Tensor:
+        keys = key_states if key_states is not None else shared["kv"][0][:, 0]
+        scores = self.q_proj(hidden_states) @ keys.transpose(1, 2)
+        causal = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        return scores.masked_fill(~causal, float("-inf")).softmax(-1) @ keys
+
+
+def test_attention_taking_its_keys_from_other_inputs_mixes_positions() -> None:
+    from collections import UserDict
+
+    from tx.backends.torch.lora_probe import _token_wise
+
+    torch.manual_seed(0)
+    part, hidden, keys = KeysApart(8), torch.randn(1, 6, 8), torch.randn(1, 6, 8)
+    mask = torch.zeros(1, 1, 6, 6)
+    assert not _token_wise(part, (hidden,), {"key_states": keys, "mask": mask})
+    assert not _token_wise(part, (hidden,), {"shared": UserDict({"kv": (keys[:, None],)}), "mask": mask})
+    assert _token_wise(TokenWise(8), (hidden,), {"mask": mask})  # a mask changed in its first row changes nothing
+
+
+class TokenWise(torch.nn.Module):
+    """An MLP that is handed the attention mask too (and ignores it)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.up_proj, self.down_proj = torch.nn.Linear(hidden, 16), torch.nn.Linear(16, hidden)
+
+    def forward(self, hidden_states: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.down_proj(F.silu(self.up_proj(hidden_states)))
 
 
 @pytest.mark.parametrize("groups", [{"train_mlp": False}, {"train_attn": False}, {}])

@@ -10,8 +10,8 @@ keeps only what passes:
   is wrong for, e.g., a grouped projection that applies its weight block by block;
 - a linear whose output reaches the loss through no gradient (code under `torch.no_grad`, an output used only
   as indices, a module the forward never calls) gets none: its LoRA would never move;
-- a part named like attention that works token by token (changing one position changes no other position's
-  output) is an MLP.
+- a part named like attention that works token by token (changing one position of its inputs changes no other
+  position's output) is an MLP.
 
 Each module left out, and each part read as an MLP, is logged with the reason. Routed expert tensors are not
 probed. The probe runs before any adapter wraps a module and before any sharding (`AdapterHost.structure`).
@@ -19,8 +19,9 @@ probed. The probe runs before any adapter wraps a module and before any sharding
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 
@@ -186,19 +187,46 @@ def _call_recorder(calls: dict[str, tuple[tuple, dict]]) -> Callable[[str], Call
 
 
 def _token_wise(part: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
-    """Whether `part`, called again with its first position changed, gives the same output at every other
-    position (no sequence mixing); False when its hidden states cannot be found or changed."""
-    key = 0 if args and isinstance(args[0], torch.Tensor) else "hidden_states"
-    hidden = args[0] if key == 0 else kwargs.get("hidden_states")
+    """Whether `part`, called again with its first position changed in every input that runs along the sequence,
+    gives the same output at every other position (no sequence mixing); False when its hidden states cannot be
+    found or changed.
+
+    Every input: a part may take its keys and values from inputs of their own (Inkling 2's full attention) or
+    from another layer's, handed over in a container (Mistral Large 4's layers that reuse an earlier layer's
+    latent KV); changing its hidden states alone would change only its queries, and attention would look token
+    by token. So each floating-point tensor in its arguments, containers included, with a dimension as long as
+    the sequence (the first such after the batch's) gets its first position changed."""
+    hidden = args[0] if args and isinstance(args[0], torch.Tensor) else kwargs.get("hidden_states")
     if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[1] < 2:
         return False
-    changed = hidden.detach().clone()
-    changed[:, 0] = torch.randn(changed[:, 0].shape, generator=_generator(), dtype=torch.float32).to(changed)
+    generator, length = _generator(), hidden.shape[1]
     with torch.no_grad():
         before = _first_tensor(part(*args, **kwargs))
-        after = _first_tensor(part(*((changed,) + args[1:]), **kwargs) if key == 0
-                              else part(*args, **{**kwargs, "hidden_states": changed}))
+        changed_args = tuple(_first_position_changed(arg, length, generator) for arg in args)
+        changed_kwargs = {key: _first_position_changed(value, length, generator) for key, value in kwargs.items()}
+        after = _first_tensor(part(*changed_args, **changed_kwargs))
     return _close(after[:, 1:], before[:, 1:])
+
+
+def _first_position_changed(value: object, length: int, generator: torch.Generator) -> object:
+    """`value` with the first position of each sequence-long floating-point tensor in it (`_token_wise`) random,
+    as a copy (tuples, lists and mappings copied too); anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        axes = [axis for axis in range(1, value.dim()) if value.shape[axis] == length]
+        if not value.is_floating_point() or not axes:
+            return value
+        changed = value.detach().clone()
+        first = changed.select(axes[0], 0)
+        first.copy_(torch.randn(first.shape, generator=generator, dtype=torch.float32).to(first))
+        return changed
+    if isinstance(value, tuple | list):
+        return type(value)(_first_position_changed(item, length, generator) for item in value)
+    if isinstance(value, MutableMapping):
+        copied = copy.copy(value)
+        for key in list(copied):
+            copied[key] = _first_position_changed(copied[key], length, generator)
+        return copied
+    return value
 
 
 def _first_tensor(output: object) -> torch.Tensor:
