@@ -224,20 +224,35 @@ def inkling(ids: dict[str, int]) -> PretrainedConfig:
     )
 
 
-def transformers_class(name: str, version: str) -> Any:
-    """`transformers.<name>`, or a ValueError saying which transformers release brought it (`version`) where the
-    installed one lacks it (tx takes transformers >= 5.19; some families are newer)."""
+NEWER: Mapping[str, tuple[str, str]] = MappingProxyType({
+    "inkling2": ("Inkling2Config", "5.23"),
+    "mistral_large4": ("MistralLarge4Config", "5.22"),
+})
+"""Families newer than the oldest transformers tx takes (5.19): preset -> (its config class, the release that
+brought it)."""
+
+
+def installed(preset: str) -> bool:
+    """Whether the installed transformers has `preset`'s family (every family but those of `NEWER` is older)."""
     import transformers
 
-    found = getattr(transformers, name, None)
-    if found is None:
-        raise ValueError(f"this family needs transformers >= {version} ({name}); installed: transformers "
-                         f"{transformers.__version__}")
-    return found
+    return preset not in NEWER or getattr(transformers, NEWER[preset][0], None) is not None
+
+
+def newer_config_class(preset: str) -> Any:
+    """The config class of a family of `NEWER`, or a ValueError naming the transformers release it needs where
+    the installed one lacks it."""
+    import transformers
+
+    name, version = NEWER[preset]
+    if not installed(preset):
+        raise ValueError(f"the {preset} family needs transformers >= {version} ({name}); installed: "
+                         f"transformers {transformers.__version__}")
+    return getattr(transformers, name)
 
 
 def inkling2(ids: dict[str, int]) -> PretrainedConfig:
-    config_class = transformers_class("Inkling2Config", "5.23")
+    config_class = newer_config_class("inkling2")
     text = {key: value for key, value in _common(ids).items() if key not in ("dtype", "tie_word_embeddings")}
     text |= {"num_hidden_layers": 3, "unpadded_vocab_size": text["vocab_size"], "head_dim": 32,
              "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 32,
@@ -252,7 +267,7 @@ def inkling2(ids: dict[str, int]) -> PretrainedConfig:
 
 
 def mistral_large4(ids: dict[str, int]) -> PretrainedConfig:
-    config_class = transformers_class("MistralLarge4Config", "5.22")
+    config_class = newer_config_class("mistral_large4")
     text = {key: value for key, value in _common(ids).items() if key != "dtype"}
     text |= {"num_hidden_layers": 4, "num_key_value_heads": 4, "intermediate_size": 128,
              "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,

@@ -85,8 +85,8 @@ def test_a_family_newer_than_the_installed_transformers_names_the_version(
     config_class = {"inkling2": "Inkling2Config", "mistral_large4": "MistralLarge4Config"}[preset]
     monkeypatch.setattr(transformers, config_class, None)  # what getattr(transformers, name, None) gives there
     monkeypatch.setattr(transformers, "__version__", "5.19.0")
-    with pytest.raises(ValueError, match=rf"needs transformers >= {needed} \({config_class}\); installed: "
-                                         r"transformers 5\.19\.0"):
+    with pytest.raises(ValueError, match=rf"the {preset} family needs transformers >= {needed} \({config_class}\); "
+                                         r"installed: transformers 5\.19\.0"):
         write_tiny_model(tmp_path, preset=preset)
     assert not (tmp_path / "config.json").exists()
 
@@ -94,6 +94,11 @@ def test_a_family_newer_than_the_installed_transformers_names_the_version(
 @pytest.mark.parametrize("preset", sorted(ARCHITECTURES))
 def test_each_family_preset_builds_and_runs(preset: str, tmp_path: Path) -> None:
     import torch
+
+    from tx.models.tiny_families import installed
+
+    if not installed(preset):
+        pytest.skip(f"{preset} needs a newer transformers")
 
     from tx.models.auto import load_pretrained
 
