@@ -105,7 +105,7 @@ class KeysApart(torch.nn.Module):
         self.q_proj = torch.nn.Linear(hidden, hidden)
 
     def forward(self, hidden_states: torch.Tensor, key_states=None, shared=None, mask=None) -> torch.Tensor:
-        keys = key_states if key_states is not None else shared["kv"][0][:, 0]
+        keys = key_states if shared is None else shared["kv"][0][:, 0]
         scores = self.q_proj(hidden_states) @ keys.transpose(1, 2)
         causal = torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
         return scores.masked_fill(~causal, float("-inf")).softmax(-1) @ keys
