@@ -28,7 +28,8 @@ EXPECTED_PACKING = {"tiny": "packed", "llama": "packed", "gemma3": "packed", "qw
                     "deepseek_v3": "packed", "gpt_oss": "packed_masks", "qwen3_5": "padded",
                     "qwen3_5_moe": "padded", "qwen3_5_vl": "padded", "qwen3_5_moe_vl": "padded",
                     "olmo3": "packed", "nemotron_h": "padded", "deepseek_v4": "padded", "glm_moe_dsa": "packed",
-                    "qwen3_vl_moe": "padded", "inkling": "padded"}
+                    "qwen3_vl_moe": "padded", "inkling": "padded", "inkling2": "padded",  # these two: 5.23
+                    "mistral_large4": "packed"}
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ STOPS = list(range(0, 2048, 7))  # rows stop at different steps
 
 FALLBACKS = {
     "glm_moe_dsa": {"attention": "sdpa"},  # its sparse mask is built only under implementations so named
+    "mistral_large4": {"attention": "sdpa"},  # the same DSA code: dense attention under the engine's (4.6 nats)
     "deepseek_v4": {"padded": False},  # its compressors: see below
 }
 """What the self-check falls back to per family, with transformers 5.23 on CPU (the rest pass every form)."""
