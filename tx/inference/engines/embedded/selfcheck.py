@@ -21,7 +21,9 @@ family's own attention (what the trainer runs), by `tx.models.agreement`:
 - `join`: a prefilled row joins a running batch, where the cache says it can (`DecodeBatch.joinable`). Failing
   it, no request joins a running batch.
 
-A check that raises fails like one that differs. The log says what each check measured and what was chosen.
+A check that raises fails like one that differs. The log says what each check measured and what was chosen. A
+model whose own forward raises on the check's prompts is served as it is (its requests fail with that error,
+docs/engines.md#a-step-that-fails), with a warning that nothing was checked.
 """
 
 from __future__ import annotations
@@ -80,11 +82,16 @@ def check_serving(model: PreTrainedModel, pad_id: int, family_attention: str, le
     config = model.config.get_text_config()
     bound = tolerance(model.dtype)
     prompts, steps = _check_tokens(int(config.vocab_size))
-    with _attention(model, family_attention):
-        reference = [_forward(model, prompt + cont) for prompt, cont in zip(prompts, steps)]
-    check = _Check(model, pad_id, lean_for, prompts, steps, reference, bound)
     engine_attention = str(model.config._attn_implementation)
     plan = ServingPlan(attention=engine_attention)
+    try:
+        with _attention(model, family_attention):
+            reference = [_forward(model, prompt + cont) for prompt, cont in zip(prompts, steps)]
+    except Exception as exc:  # noqa: BLE001  the model's own forward fails: each request will say so itself
+        logger.warning("self-check: the model's own forward of the check's prompts raised %s: %s; nothing checked",
+                       type(exc).__name__, exc)
+        return plan
+    check = _Check(model, pad_id, lean_for, prompts, steps, reference, bound)
     error = check.run("alone", _alone)
     if error > bound and engine_attention != family_attention:
         model.set_attn_implementation(family_attention)

@@ -107,9 +107,10 @@ def _ask_vllm(architectures: tuple[str, ...], python: str | None) -> dict[str, d
 def _inspect_here(architecture: str) -> dict:
     import importlib
 
-    from vllm.model_executor.models.interfaces import supports_lora
-    from vllm.model_executor.models.registry import ModelRegistry
-    from vllm.platforms import current_platform
+    # vLLM is installed in its own environment (docs/engines.md#the-vllm-engine), not where tx is type-checked
+    from vllm.model_executor.models.interfaces import supports_lora  # pyright: ignore[reportMissingImports]
+    from vllm.model_executor.models.registry import ModelRegistry  # pyright: ignore[reportMissingImports]
+    from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports]
 
     entry = ModelRegistry.models.get(architecture)
     if entry is None:
