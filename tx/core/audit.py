@@ -62,7 +62,7 @@ class AuditTrail:
     def day(self, reader: str, operator: bool, day: date, event_type: str) -> list[AuditEntry]:
         """The entries of one UTC day that `reader` may read, oldest first (at most MAX_ENTRIES_PER_READ)."""
         prefixes = EVENT_TYPES[event_type]
-        if prefixes == ():
+        if prefixes == () or day > utcnow().date():  # a day to come has no entries (and date.max no next day)
             return []
         start = datetime.combine(day, time(), tzinfo=timezone.utc)
         rows = self.store.audit.between(start, start + timedelta(days=1), None if operator else reader,

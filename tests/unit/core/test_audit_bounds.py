@@ -3,7 +3,7 @@ the retention, and a reader sees only their own entries of one day."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 
 from tx.core.audit import AuditTrail
@@ -25,5 +25,18 @@ def test_prune_keeps_the_newest_within_the_retention(tmp_path: Path) -> None:
         audit.retention_s = 0
         assert audit.prune() == 10 and audit.day("x", True, today, "all") == []
         assert audit.day("x", True, today - timedelta(days=1), "all") == []
+    finally:
+        store.close()
+
+
+def test_a_day_to_come_has_no_entries(tmp_path: Path) -> None:
+    """`GET /api/v1/audit?day=9999-12-31` was a 500: the day's end overflowed the calendar (issue 38)."""
+    store = Store.from_url(f"sqlite:///{tmp_path / 'tx.db'}")
+    try:
+        audit = AuditTrail(store, max_entries=10, retention_s=3600)
+        audit.record("run_create", "alice", run_id="r0")
+        tomorrow = datetime.now(timezone.utc).date() + timedelta(days=1)
+        assert audit.day("alice", False, date.max, "all") == audit.day("alice", True, tomorrow, "all") == []
+        assert audit.day("alice", False, date.min, "all") == []
     finally:
         store.close()
