@@ -39,6 +39,7 @@ class TxServer:
     port: int = 0
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    cwd: Path | None = None  # the server's working directory (None: the test's)
 
     @property
     def url(self) -> str:
@@ -49,11 +50,12 @@ class TxServer:
         self.log_path = self.data_dir / f"server-{self.port}.log"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "TX_LOG_LEVEL": "INFO", **self.env}
-        cmd = [sys.executable, "-m", "tx.cli", "serve", "--port", str(self.port),
+        # -P: tx's own code, not a `tx/` in `cwd` (as the `tx` script runs, its own folder first on the path)
+        cmd = [sys.executable, "-P", "-m", "tx.cli", "serve", "--port", str(self.port),
                "--data-dir", str(self.data_dir), *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, cwd=self.cwd)
         try:
             wait_healthy("tx serve", f"{self.url}/api/v1/healthz", self.proc, timeout_s, self.log)
         except BaseException:

@@ -217,7 +217,9 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tx.api.app import create_app
-    from tx.config import Settings
+    from tx.config import PRIVATE_UMASK, Settings
+
+    os.umask(PRIVATE_UMASK)  # the store, checkpoints and exports 0600: docs/security.md#the-data-directory
 
     overrides = {
         k: v for k, v in vars(args).items() if v is not None and k not in ("command", "func")

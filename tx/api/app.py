@@ -36,7 +36,7 @@ from tx.api.routes import (
 from tx.api.routes import metrics as metrics_route
 from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
-from tx.config import Settings
+from tx.config import Settings, make_private_dir
 from tx.config.sections import EngineSection
 from tx.core.audit import AuditTrail
 from tx.core.checkpoints.downloads import DownloadSigner
@@ -119,7 +119,7 @@ def shares_passes(settings: Settings, training_device: str) -> bool:
 
 
 def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[Context, Runtime]:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(settings.data_dir)
     models = resolve_served_models(settings)
     engines = settings.engines
     externals = check_at_startup(engines.urls, engines.secret_value(), models,  # before the slow parts
@@ -191,6 +191,7 @@ def create_app(settings: Settings) -> FastAPI:
                 runtime.store.close()
 
     app = FastAPI(title="tx", lifespan=lifespan)
+    make_private_dir(settings.data_dir)  # before the token key is written in it
     tokens = TokenIssuer.from_data_dir(settings.data_dir, settings.jwt_ttl_s) if settings.jwt_auth else None
     app.state.key_checker = keys = KeyChecker(settings.api_keys, settings.operator_keys, tokens)
     app.state.operator_checker = OperatorChecker(settings.api_keys, keys)

@@ -19,6 +19,9 @@ Imports: pydantic only (the ground floor).
 from __future__ import annotations
 
 import ipaddress
+import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +39,36 @@ from tx.config.sections import EngineSection, ImagesSection, QuotaSection, Secti
 DEFAULT_MODEL = "tiny-qwen3"
 
 
+logger = logging.getLogger(__name__)
+
+PRIVATE_UMASK = 0o077
+"""`tx serve`'s umask: what it writes (the store, checkpoints, exports, logs) is its user's alone."""
+
+
 def default_data_dir() -> Path:
     return Path.home() / ".tx"
+
+
+def make_private_dir(path: Path) -> None:
+    """Make the data directory `path` 0700 (docs/security.md#the-data-directory): created so; an existing one
+    of this user's with access for others tightened, with a log line; one of another user's left as it is,
+    with a warning."""
+    path = Path(path)
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)  # mkdir's mode goes through the umask
+        return
+    info = path.stat()
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & 0o077:
+        return
+    if info.st_uid != os.getuid():
+        logger.warning("data directory %s (mode %o) belongs to another user: its mode is left as it is",
+                       path, mode)
+        return
+    os.chmod(path, 0o700)
+    logger.warning("data directory %s was mode %o: made 0700 (only its owner reads the store, checkpoints)",
+                   path, mode)
 
 
 class Settings(BaseSettings):

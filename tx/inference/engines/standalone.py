@@ -116,7 +116,7 @@ def vllm_serve_command(engine: StandaloneEngine, secret_hint: str = "...") -> st
     child = VllmChild(config, Path("."), BASE_MODEL_NAME, sleep_mode_on(config))
     env = child.environment()
     words = [f"{k}={env[k]}" for k in ("VLLM_SERVER_DEV_MODE", "VLLM_ALLOW_RUNTIME_LORA_UPDATING")]
-    words += [config.interpreter(), "-m", "vllm.entrypoints.openai.api_server",  # the vLLM environment's
+    words += [config.interpreter(), "-P", "-m", "vllm.entrypoints.openai.api_server",  # the vLLM env's
               "--model", str(config.model_dir), "--uds", str(socket), *child.flags()]
     vllm = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
     tx = ["tx", "engine", "serve", "--kind", "vllm", "--model", engine.model, "--vllm-url",
@@ -139,7 +139,7 @@ def serve(engine: StandaloneEngine) -> None:
     python = config.interpreter()
     if not is_this_python(python):
         try:
-            os.execve(python, [python, "-m", module], {**os.environ, **config.to_env()})
+            os.execve(python, [python, "-P", "-m", module], {**os.environ, **config.to_env()})
         except OSError as exc:
             raise StandaloneError(f"the vLLM environment's Python {python} does not run: {exc}") from None
     importlib.import_module(f"{module}.__main__").main(config)

@@ -44,12 +44,12 @@ def run_config(kind: EngineKind, run_dir: Path, startup_timeout_s: float,
 
 
 def spawn(kind: EngineKind, config: EngineProcessConfig, **popen_kwargs: Any) -> subprocess.Popen:
-    """Run `python -m <kind.module>` with `config` in its environment, in a new session (its own group)."""
+    """Run `python -P -m <kind.module>` with `config` in its environment, in a new session (its own group)."""
     if config.ready_file is None:
         raise ValueError(f"starting {kind.label} needs config.ready_file to learn the engine's URL")
     config.ready_file.unlink(missing_ok=True)
     env = {**os.environ, **popen_kwargs.pop("env", {}), **config.to_env()}
-    command = [config.interpreter(), "-m", kind.module]
+    command = [config.interpreter(), "-P", "-m", kind.module]  # -P: no `tx/` in the cwd shadows tx's code
     return subprocess.Popen(command, env=env, start_new_session=True, **popen_kwargs)
 
 

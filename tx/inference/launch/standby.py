@@ -40,7 +40,7 @@ class Standby:
                    STANDBY_MODELS_ENV: os.pathsep.join(map(str, model_dirs))}
         with open(self.log_path, "ab") as log:
             self.process: subprocess.Popen | None = subprocess.Popen(
-                [sys.executable, "-m", kind.module], env=environ, stdin=subprocess.PIPE, stdout=log,
+                [sys.executable, "-P", "-m", kind.module], env=environ, stdin=subprocess.PIPE, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )
         logger.info("%s standby process %d started (imports only, no model)", kind.label, self.process.pid)

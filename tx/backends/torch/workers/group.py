@@ -66,7 +66,7 @@ class LocalWorkers:
         self._replies: queue.Queue = queue.Queue()  # (rank, (reply, payload) or None once its pipe closed)
         for rank in range(self.size):
             module = "tx.backends.torch.workers.worker"
-            cmd = [sys.executable, "-m", module, "--rank", str(rank), "--spec", spec.model_dump_json()]
+            cmd = [sys.executable, "-P", "-m", module, "--rank", str(rank), "--spec", spec.model_dump_json()]
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ))
             threading.Thread(
                 target=_read_replies,

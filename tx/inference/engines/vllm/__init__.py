@@ -77,7 +77,8 @@ def _installed_in(python: str) -> tuple[str, str] | None:
     code = ("import json; from tx.inference.engines.vllm import installed_here; "
             "print(json.dumps(installed_here()))")
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run([python, "-P", "-c", code], capture_output=True, text=True, timeout=60,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise VllmUnavailable(f"the vLLM environment's Python {python} fails ({exc}): "
                               f"{INSTALL_HINT}") from None

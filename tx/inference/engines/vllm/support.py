@@ -94,8 +94,8 @@ def _ask_vllm(architectures: tuple[str, ...], python: str | None) -> dict[str, d
     """vLLM's answers, from a child in the vLLM environment; why there are none if it timed out or answered
     nothing."""
     try:
-        done = subprocess.run([vllm_python(python), "-m", __name__, *architectures], capture_output=True,
-                              text=True, timeout=INSPECT_TIMEOUT_S, check=False)
+        done = subprocess.run([vllm_python(python), "-P", "-m", __name__, *architectures],
+                              capture_output=True, text=True, timeout=INSPECT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return f"vLLM's inspection of {', '.join(architectures)} took over {INSPECT_TIMEOUT_S:.0f} s"
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

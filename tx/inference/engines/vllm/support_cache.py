@@ -43,7 +43,8 @@ def installation_key(python: str | None = None) -> str | None:
         return key_here()
     code = "from tx.inference.engines.vllm.support_cache import key_here; print(key_here())"
     try:
-        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run([python, "-P", "-c", code], capture_output=True, text=True, timeout=60,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = done.stdout.split()
