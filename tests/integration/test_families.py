@@ -68,6 +68,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 def server(served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     hf_home, names = served
     args = [a for name in names for a in ("--base-model", name)] + ["--no-engine-colocate"]
+    args += ["--quota-runs", str(2 * len(names))]  # a run per family, more families than the default quota (16)
     with TxServer(tmp_path_factory.mktemp("tx-families"), args=args, env=offline_env(hf_home)) as srv:
         yield srv
 
