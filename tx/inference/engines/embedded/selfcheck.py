@@ -188,9 +188,8 @@ class _Check:
         rows = [[torch.log_softmax(kept[r, -len(p):].float(), dim=-1)] for r, p in enumerate(prompts)]
         return batch, rows
 
-    def step(self, batch: DecodeBatch, indices: Sequence[int], k: int, rows: list[list[torch.Tensor]]) -> None:
-        """Feed each row (of sequence `indices[r]`) its prompt's continuation token k."""
-        tokens = [self.prompts[i][-1] if k == 0 else self.steps[i][k - 1] for i in indices]
+    def step(self, batch: DecodeBatch, tokens: list[int], rows: list[list[torch.Tensor]]) -> None:
+        """Feed row r `tokens[r]` and keep its next position's log-softmax."""
         logits = batch.step(self.model, tokens, self.lean_for(self.model))
         for r, out in enumerate(torch.log_softmax(logits.float(), dim=-1)):
             rows[r].append(out[None])
@@ -198,9 +197,9 @@ class _Check:
 
 def _decode(check: _Check, batch: DecodeBatch, indices: list[int], rows: list[list[torch.Tensor]],
             first: int, last: int) -> None:
-    """Decode steps `first`..`last - 1` of every row (step k feeds continuation token k: 0 re-feeds nothing)."""
+    """Decode steps `first`..`last - 1` of every row: step k feeds its sequence's continuation token k."""
     for k in range(first, last):
-        check.step(batch, indices, k + 1, rows)
+        check.step(batch, [check.steps[i][k] for i in indices], rows)
 
 
 def _finish(indices: Sequence[int], rows: list[list[torch.Tensor]]) -> dict[int, torch.Tensor]:
@@ -247,12 +246,6 @@ def _join(check: _Check) -> dict[int, torch.Tensor]:
     other, other_rows = check.batch([2])
     batch.merge(other)
     indices, rows = indices + [2], rows + other_rows
-    # the joined row is two steps behind: feed each row its own next token
-    for k in range(2, CHECK_STEPS - 1):
-        tokens = [check.steps[i][k] for i in indices[:2]] + [check.steps[2][k - 2]]
-        logits = batch.step(check.model, tokens, check.lean_for(check.model))
-        for r, out in enumerate(torch.log_softmax(logits.float(), dim=-1)):
-            rows[r].append(out[None])
-    got = _finish(indices[:2], rows[:2])
-    got[2] = torch.cat(rows[2])  # its prompt and CHECK_STEPS - 3 steps
-    return got
+    for k in range(2, CHECK_STEPS - 1):  # the joined row is two steps behind the others
+        check.step(batch, [check.steps[i][k] for i in indices[:2]] + [check.steps[2][k - 2]], rows)
+    return _finish(indices, rows)  # the joined row: its prompt and CHECK_STEPS - 3 steps
