@@ -29,6 +29,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "(default: the built-in tiny model)",
     )
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
+    p.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="NAME",
+                   help="a name clients reach this server by, beyond localhost and its address (Host header, "
+                   "against DNS rebinding); repeatable; '*' for any")
     p.add_argument("--operator-key", action="append", dest="operator_keys",
                    help="key for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; "
                    "repeatable")

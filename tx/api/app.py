@@ -14,6 +14,7 @@ from tx.api.auth import KeyChecker, OperatorChecker, TokenIssuer
 from tx.api.console_engines import EngineRates
 from tx.api.context import Context, Runtime
 from tx.api.errors import install_error_handlers
+from tx.api.hosts import HostCheck, allowed_host_names
 from tx.api.limits import BodyLimit
 from tx.api.metrics import Metrics, MetricsMiddleware
 from tx.api.routes import (
@@ -210,6 +211,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimit, max_json_bytes=settings.max_json_bytes,
                        max_request_bytes=settings.max_request_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    allowed_hosts = allowed_host_names(settings)
+    if allowed_hosts is not None:  # outermost: a rebound page's request is answered before anything reads it
+        app.add_middleware(HostCheck, allowed=allowed_hosts)
     return app
 
 

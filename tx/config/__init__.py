@@ -90,6 +90,12 @@ class Settings(BaseSettings):
         description="Accepted API keys (each must start with 'tml-'). Empty = any 'tml-' key, "
         "allowed only when bound to loopback.",
     )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Names the server answers besides loopback's and its own address (the Host header; "
+        "a defence against DNS rebinding, docs/security.md). On a non-loopback bind, giving any turns the check "
+        "on. '*' answers every name.",
+    )
     operator_keys: list[str] = Field(
         default_factory=list,
         description="Keys for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; sent as "

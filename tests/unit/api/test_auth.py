@@ -85,7 +85,7 @@ def test_the_exchange_is_a_clear_404_when_off(tmp_path) -> None:
     from tx.api.app import create_app
     from tx.config import Settings
 
-    with TestClient(create_app(Settings(data_dir=tmp_path, jwt_auth=False))) as client:  # engines start lazily
+    with TestClient(create_app(Settings(data_dir=tmp_path, jwt_auth=False)), base_url="http://localhost") as client:  # engines start lazily
         answer = client.post("/api/v1/auth/token", json={}, headers={"X-API-Key": "tml-a"})
     assert answer.status_code == 404 and "--jwt-auth" in answer.json()["detail"]
     token = TokenIssuer.from_data_dir(tmp_path, 60).issue("someone")

@@ -15,7 +15,7 @@ from tx.config import Settings
 
 
 def _app(tmp_path: Path, **settings) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(data_dir=tmp_path, **settings))) as client:
+    with TestClient(create_app(Settings(data_dir=tmp_path, **settings)), base_url="http://localhost") as client:
         yield client
 
 
