@@ -167,6 +167,21 @@ def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", type=Path, help="the server's data directory (default ~/.tx)")
     p.add_argument("--base-model", action="append", dest="base_models",
                    help="the base models the server serves, as for `tx serve` (default: the built-in one)")
+    _import_parser(commands)
+
+
+def _import_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "import", help="bring a PEFT LoRA adapter trained elsewhere into a server as a tinker:// checkpoint of yours",
+        description="Uploads the adapter (adapter_config.json + adapter_model.safetensors) to the server at "
+        "TINKER_BASE_URL with TINKER_API_KEY; prints the checkpoint's path, which create_training_client_from_state "
+        "loads. Its optimizer state starts fresh.",
+    )
+    p.add_argument("directory", type=Path, help="the PEFT adapter directory")
+    p.add_argument("--base-model", required=True, help="the served base model it was trained on")
+    p.add_argument("--name", help="the checkpoint's name (default: the directory's name)")
+    p.add_argument("--project-id", help="the project of the session that will hold it")
+    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
 
 
 def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -313,6 +328,43 @@ def export_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def import_checkpoint(args: argparse.Namespace) -> int:
+    import re
+
+    import httpx
+
+    from tx.backends.adapter_import import upload_of
+    from tx.types import UserError
+
+    url = (args.url or os.environ.get("TINKER_BASE_URL") or "http://127.0.0.1:8000").rstrip("/")
+    key = os.environ.get("TINKER_API_KEY")
+    name = args.name or re.sub(r"[^A-Za-z0-9._-]+", "-", args.directory.resolve().name).lstrip("._-")[:200]
+    try:
+        if not key:
+            raise UserError("set TINKER_API_KEY to the key the checkpoint will belong to")
+        body = upload_of(args.directory)
+        params = {"base_model": args.base_model, "name": name or "imported"}
+        if args.project_id:
+            params["project_id"] = args.project_id
+        with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as client:
+            answer = client.post("/api/v1/tx/checkpoints/import", params=params, content=body,
+                                 headers={"Content-Type": "application/octet-stream"})
+            request_id = answer.json().get("request_id") if answer.is_success else None
+            while request_id is not None:  # the import's future, polled as the SDK polls
+                answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
+                if not answer.is_success or answer.json().get("type") != "try_again":
+                    break
+    except (UserError, OSError, httpx.HTTPError) as exc:
+        print(f"tx checkpoints import: {exc}", file=sys.stderr)
+        return 2
+    result = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
+    if not answer.is_success or "path" not in result:
+        print(f"tx checkpoints import: {result.get('detail') or result.get('error') or answer.text}", file=sys.stderr)
+        return 1
+    print(result["path"])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from tx.logging import init_logging
 
@@ -321,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return serve(args)
     if args.command == "checkpoints":
-        return export_checkpoint(args)
+        return export_checkpoint(args) if args.checkpoints_command == "export" else import_checkpoint(args)
     if args.command == "engine":
         return engine_serve(args)
     return make_tiny(args)

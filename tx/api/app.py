@@ -28,6 +28,7 @@ from tx.api.routes import (
     downloads,
     futures,
     identity,
+    imports,
     oai,
     runs,
     sampling,
@@ -157,7 +158,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     ctx = Context(
         settings=settings, sessions=core.sessions, runs=core.runs, views=views, training=core.training,
         sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, copies=core.copies,
-        samplers=core.samplers,
+        imports=core.imports, samplers=core.samplers,
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
         custom_losses=core.custom_losses, records=core.records, audit=core.audit, futures=futures_,
         manager=manager,
@@ -200,8 +201,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.engine_rates = EngineRates()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
-    for module in (client, identity, audit, sessions, training, custom_losses, futures, checkpoints, copies, runs,
-                   sampling, downloads, console):
+    for module in (client, identity, audit, sessions, training, custom_losses, futures, checkpoints, copies,
+                   imports, runs, sampling, downloads, console):
         app.include_router(module.router, prefix="/api/v1")
     if settings.console:
         app.include_router(console_pages.router)

@@ -13,6 +13,7 @@ from tx.core.audit import AuditTrail
 from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.copies import WeightCopies
+from tx.core.checkpoints.imports import AdapterImports
 from tx.core.checkpoints.writer import CheckpointWriter
 from tx.core.console import ConsoleViews
 from tx.core.custom_losses import CustomLosses
@@ -46,6 +47,7 @@ class Context:
     checkpoints: CheckpointWriter
     catalog: CheckpointCatalog
     copies: WeightCopies
+    imports: AdapterImports
     samplers: Samplers
     sampling: SamplingService
     text: TextSampling

@@ -1,6 +1,6 @@
 """Request body limits, enforced before a route or a JSON parser sees the body.
 
-Routes that carry data (forward_backward batches, asample prompts with images) take bodies up to
+Routes that carry data (forward_backward batches, asample prompts with images, imported adapters) take bodies up to
 `max_request_bytes`; every other route takes JSON of at most `max_json_bytes`. A declared
 Content-Length over the limit is refused at once; a body streamed without one is counted as it
 arrives. Either way the answer is a 413 with a JSON `detail`.
@@ -20,7 +20,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-DATA_ROUTES = ("/api/v1/forward_backward", "/api/v1/asample")
+DATA_ROUTES = ("/api/v1/forward_backward", "/api/v1/asample", "/api/v1/tx/checkpoints/import")
 
 
 class BodyLimit:

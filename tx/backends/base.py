@@ -160,6 +160,20 @@ class TrainingBackend(ABC):
 
         return checkpoint.read_state_optimizer(directory)
 
+    def read_adapter_config(self, adapter_file: Path) -> dict[str, Any]:
+        """The checked config of a PEFT LoRA uploaded for import (`tx/backends/adapter_import.py`); UserError if
+        it is not one tx can train on."""
+        from tx.backends import adapter_import
+
+        return adapter_import.read_config(adapter_file)
+
+    def import_adapter(self, adapter_file: Path, base_model: str, out: Path) -> LoraConfig:
+        """Write the uploaded PEFT LoRA as a training state of `base_model` into `out`, with a fresh optimizer
+        state; runs on the training thread (it makes short-lived runs to learn where LoRA goes)."""
+        from tx.backends import adapter_import
+
+        return adapter_import.import_adapter(self, adapter_import.read_adapter(adapter_file), base_model, out)
+
     @abstractmethod
     def save_sampler_weights(self, model_id: str, directory: Path) -> None:
         """Write a standard PEFT adapter directory (adapter_config.json + safetensors)."""

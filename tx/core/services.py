@@ -13,6 +13,7 @@ from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.copies import WeightCopies
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
+from tx.core.checkpoints.imports import AdapterImports
 from tx.core.checkpoints.writer import CheckpointWriter, SamplerEngines
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import FutureRegistry
@@ -37,6 +38,7 @@ class Services:
     checkpoints: CheckpointWriter
     catalog: CheckpointCatalog
     copies: WeightCopies
+    imports: AdapterImports
     samplers: Samplers
     base_models: BaseModels
     custom_losses: CustomLosses
@@ -70,6 +72,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept, catalog.audit),
         catalog=catalog,
         copies=WeightCopies(store, catalog, limits),
+        imports=AdapterImports(store, backend, futures, scheduler, files, base_models, limits, catalog.audit),
         samplers=Samplers(store, catalog, base_models, engines),
         base_models=base_models,
         custom_losses=custom_losses,

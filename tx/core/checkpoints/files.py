@@ -119,9 +119,20 @@ class CheckpointFiles:
 
         return self.write(dest, link, overwrite=False)
 
+    def uploads_dir(self) -> Path:
+        """Where uploads wait to become checkpoints (`imports.py`): beside them, so a state is renamed into
+        place, not copied. Emptied by `sweep`."""
+        directory = self.root / ".uploads"
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
     def sweep(self) -> int:
-        """Remove what a crashed write left behind; returns how many leftovers were handled."""
+        """Remove what a crashed write or import left behind; returns how many leftovers were handled."""
         handled = 0
+        uploads = self.root / ".uploads"
+        if uploads.is_dir():
+            handled += sum(1 for _ in uploads.iterdir())
+            shutil.rmtree(uploads, ignore_errors=True)
         for kind_dir in (d for kind in KINDS for d in self.root.glob(f"*/{kind}")):
             for entry in sorted(kind_dir.iterdir()):  # `.old-` sorts before `.tmp-`
                 match = _LEFTOVER.match(entry.name)
