@@ -168,6 +168,7 @@ def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base-model", action="append", dest="base_models",
                    help="the base models the server serves, as for `tx serve` (default: the built-in one)")
     _import_parser(commands)
+    _prune_parser(commands)
 
 
 def _import_parser(commands: argparse._SubParsersAction) -> None:
@@ -181,6 +182,20 @@ def _import_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--base-model", required=True, help="the served base model it was trained on")
     p.add_argument("--name", help="the checkpoint's name (default: the directory's name)")
     p.add_argument("--project-id", help="the project of the session that will hold it")
+    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
+
+
+def _prune_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "prune", help="delete your checkpoints on a server by run or age, after showing them and asking",
+        description="Lists the checkpoints of TINKER_API_KEY at TINKER_BASE_URL that match, with their sizes, and "
+        "deletes them once confirmed; each deletion is in the audit log.",
+    )
+    p.add_argument("--run", action="append", dest="runs", metavar="RUN_ID", help="a run's checkpoints; repeatable")
+    p.add_argument("--older-than", metavar="AGE", help="checkpoints made more than AGE ago: 30d, 12h, 2w, 90m")
+    p.add_argument("--kind", action="append", dest="kinds", choices=("weights", "sampler_weights", "external_weights"),
+                   help="only checkpoints of this kind; repeatable")
+    p.add_argument("--yes", action="store_true", help="delete without asking")
     p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
 
 
@@ -329,40 +344,34 @@ def export_checkpoint(args: argparse.Namespace) -> int:
 
 
 def import_checkpoint(args: argparse.Namespace) -> int:
-    import re
-
     import httpx
 
-    from tx.backends.adapter_import import upload_of
+    from tx.client_commands import import_adapter
     from tx.types import UserError
 
-    url = (args.url or os.environ.get("TINKER_BASE_URL") or "http://127.0.0.1:8000").rstrip("/")
-    key = os.environ.get("TINKER_API_KEY")
-    name = args.name or re.sub(r"[^A-Za-z0-9._-]+", "-", args.directory.resolve().name).lstrip("._-")[:200]
     try:
-        if not key:
-            raise UserError("set TINKER_API_KEY to the key the checkpoint will belong to")
-        body = upload_of(args.directory)
-        params = {"base_model": args.base_model, "name": name or "imported"}
-        if args.project_id:
-            params["project_id"] = args.project_id
-        with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=120) as client:
-            answer = client.post("/api/v1/tx/checkpoints/import", params=params, content=body,
-                                 headers={"Content-Type": "application/octet-stream"})
-            request_id = answer.json().get("request_id") if answer.is_success else None
-            while request_id is not None:  # the import's future, polled as the SDK polls
-                answer = client.post("/api/v1/retrieve_future", json={"request_id": request_id})
-                if not answer.is_success or answer.json().get("type") != "try_again":
-                    break
+        print(import_adapter(args.directory, args.base_model, args.name, args.project_id, args.url))
     except (UserError, OSError, httpx.HTTPError) as exc:
         print(f"tx checkpoints import: {exc}", file=sys.stderr)
         return 2
-    result = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else {}
-    if not answer.is_success or "path" not in result:
-        print(f"tx checkpoints import: {result.get('detail') or result.get('error') or answer.text}", file=sys.stderr)
-        return 1
-    print(result["path"])
     return 0
+
+
+def prune_checkpoints(args: argparse.Namespace) -> int:
+    import httpx
+
+    from tx.client_commands import ask, prune
+    from tx.types import UserError
+
+    try:
+        prune(args.runs or [], args.older_than, args.kinds or [], args.yes, args.url, ask)
+    except (UserError, OSError, httpx.HTTPError) as exc:
+        print(f"tx checkpoints prune: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+CHECKPOINT_COMMANDS = {"export": export_checkpoint, "import": import_checkpoint, "prune": prune_checkpoints}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         return serve(args)
     if args.command == "checkpoints":
-        return export_checkpoint(args) if args.checkpoints_command == "export" else import_checkpoint(args)
+        return CHECKPOINT_COMMANDS[args.checkpoints_command](args)
     if args.command == "engine":
         return engine_serve(args)
     return make_tiny(args)
