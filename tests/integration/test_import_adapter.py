@@ -40,9 +40,13 @@ def run_import(server: TxServer, directory: Path, monkeypatch: pytest.MonkeyPatc
     return cli.main(["checkpoints", "import", str(directory), "--base-model", "tiny-qwen3", *args])
 
 
+@pytest.mark.parametrize("trainer", ["server", "workers_server", "jax_server"])
 def test_an_outside_adapter_loads_trains_and_samples_as_it_computes(
-    server: TxServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    trainer: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
+    """On every trainer: in the server process, on trainer workers, and JAX (the state is each one's own)."""
+    server: TxServer = request.getfixturevalue(trainer)
     adapter = outside_adapter(server, tmp_path / "their-adapter")
     assert run_import(server, adapter, monkeypatch) == 0
     path = capsys.readouterr().out.strip().splitlines()[-1]
