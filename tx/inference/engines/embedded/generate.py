@@ -6,9 +6,10 @@ Design / who owns what:
   model's device (cpu or a GPU); the logits it returns are always on the cpu, where sampling happens.
 - `Row` is one sample: its sampling settings, its own `torch.Generator`, its tokens and RAW logprobs
   (log_softmax of the unprocessed fp32 logits), and its stop rules.
-- `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise
-  temperature / top-k / top-p on sorted logits and inverse-CDF sampling with one uniform draw per row from the
-  row's generator, so a seeded row gives the same tokens whatever batch it runs in. A row that asks for it also
+- `sample_next` turns a step's logits into one token per row: argmax for temperature 0, otherwise inverse-CDF
+  sampling with one uniform draw per row from the row's generator, so a seeded row gives the same tokens
+  whatever batch it runs in: over the unsorted distribution for temperature alone, over the k best (a partial
+  selection) for top-k, over the sorted logits for top-p alone. A row that asks for it also
   gets the k most likely tokens of each step with their raw logprobs. Ids the model must never be handed
   as text beside images (a vision-language model's placeholders, `Weights.never_sampled`) are masked in the
   draw only: the distribution drawn from is renormalised over the other ids, the logprobs reported stay the
@@ -116,24 +117,76 @@ def sample_next(logits: torch.Tensor, rows: Sequence[Row], never: Sequence[int] 
 
 
 def _sample_rows(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
-    """Temperature, top-k and top-p (each skipped where it masks nothing), then inverse-CDF sampling with each
-    row's own generator."""
+    """One draw per row with the row's own generator, each row by the cheapest exact route: plain temperature
+    from the unsorted distribution, top-k from a partial selection of the k best, top-p alone from a full sort."""
     vocab = logits.shape[-1]
+    routes: dict[str, list[int]] = {"plain": [], "top_k": [], "sorted": []}
+    for i, row in enumerate(rows):
+        routes["top_k" if 0 < row.request.top_k < vocab else "plain" if row.request.top_p >= 1.0 else "sorted"
+               ].append(i)
+    draw = ROUTES
+    taken = [(route, members) for route, members in routes.items() if members]
+    if len(taken) == 1:  # every row one route: no row selection
+        return draw[taken[0][0]](logits, rows)
+    tokens = torch.empty(len(rows), dtype=torch.long)
+    for route, members in taken:
+        index = torch.tensor(members)
+        tokens[index] = draw[route](logits[index], [rows[i] for i in members])
+    return tokens
+
+
+def _uniforms(rows: Sequence[Row]) -> torch.Tensor:
+    """One uniform draw in [0, 1) per row, from each row's generator: a seeded row draws the same in any batch."""
+    return torch.stack([torch.rand((), generator=row.generator) for row in rows])
+
+
+def _draw_plain(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    """Temperature only: inverse-CDF sampling over the ids in vocabulary order, no sort. The CDF is summed in
+    float64, so a vocabulary of 151,936 adds no rounding a token's probability would notice."""
     temperature = torch.tensor([row.request.temperature for row in rows])
-    sorted_logits = sorted_descending(logits)  # the ids of the drawn positions only (sorting.py)
-    scaled = sorted_logits / temperature[:, None]
-    if any(0 < row.request.top_k < vocab for row in rows):
-        top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else vocab for row in rows])
-        scaled = scaled.masked_fill(torch.arange(vocab)[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    draws = _uniforms(rows).double() * cdf[:, -1]
+    # right=True: the first id whose CDF exceeds the draw, so an id of probability 0 is never drawn
+    return torch.searchsorted(cdf, draws[:, None], right=True).clamp(max=logits.shape[-1] - 1)[:, 0]
+
+
+def _draw_top_k(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    """Top-k (and top-p within it): the k best of each row by a partial selection (`topk`), not a full sort."""
+    vocab = logits.shape[-1]
+    best = logits.topk(max(row.request.top_k if row.request.top_k > 0 else vocab for row in rows), dim=-1)
+    return best.indices.gather(1, _draw_from_descending(best.values, rows)[:, None])[:, 0]
+
+
+def _draw_sorted(logits: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    """Top-p over the whole vocabulary: the values sorted (`sorting.py`), the drawn position's id looked up."""
+    sorted_logits = sorted_descending(logits)
+    return ids_at(logits, sorted_logits, _draw_from_descending(sorted_logits, rows))
+
+
+def _draw_from_descending(values: torch.Tensor, rows: Sequence[Row]) -> torch.Tensor:
+    """The drawn position of each row of `values` [rows, n] (each row's logits, largest first): temperature,
+    the row's top-k and top-p masks (each skipped where it masks nothing), then inverse-CDF sampling."""
+    width = values.shape[-1]
+    temperature = torch.tensor([row.request.temperature for row in rows])
+    scaled = values / temperature[:, None]
+    if any(0 < row.request.top_k < width for row in rows):
+        top_k = torch.tensor([row.request.top_k if row.request.top_k > 0 else width for row in rows])
+        scaled = scaled.masked_fill(torch.arange(width)[None, :] >= top_k[:, None], float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if any(row.request.top_p < 1.0 for row in rows):
         top_p = torch.tensor([row.request.top_p for row in rows])
         mass_before = probs.cumsum(dim=-1) - probs
         probs = probs.masked_fill((mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0), 0.0)
     cdf = probs.cumsum(dim=-1)
-    draws = torch.stack([torch.rand((), generator=row.generator) for row in rows]) * cdf[:, -1]
-    picked = torch.searchsorted(cdf, draws[:, None]).clamp(max=vocab - 1)
-    return ids_at(logits, sorted_logits, picked[:, 0])
+    draws = _uniforms(rows) * cdf[:, -1]
+    return torch.searchsorted(cdf, draws[:, None]).clamp(max=width - 1)[:, 0]
+
+
+ROUTES: dict[str, Callable[[torch.Tensor, Sequence[Row]], torch.Tensor]] = {
+    "plain": _draw_plain, "top_k": _draw_top_k, "sorted": _draw_sorted,
+}
+"""Each route's draw (`scripts/bench/sampling_sort.py` sends every row through "sorted" to compare)."""
 
 
 @dataclass
