@@ -18,6 +18,7 @@ def init_logging(level: str | None = None, process: str | None = None) -> None:
         logger.handlers.clear()
         logger.propagate = True
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # huggingface_hub's client: two lines per model file fetched
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # seven "setup plugin" lines per start
     logging.getLogger("uvicorn.access").setLevel(max(logging.getLevelName(level), logging.WARNING))
 

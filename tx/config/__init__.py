@@ -82,9 +82,14 @@ class Settings(BaseSettings):
     )
     base_models: list[str] = Field(
         default_factory=list,
-        description="Base models to serve: local directories or hub ids in the HF cache. "
+        description="Base models to serve: local directories or hub ids (org/name, org/name@revision), downloaded "
+        "into the HF cache before the server is ready when absent. "
         f"Empty = the built-in offline model {DEFAULT_MODEL!r}.",
     )
+    offline: bool = Field(
+        False, description="Download no model: a hub id must already be in the HF cache (as HF_HUB_OFFLINE=1 does).",
+    )
+    debug: bool = Field(False, description="A refusal at start prints its traceback too (else: one line).")
     api_keys: list[str] = Field(
         default_factory=list,
         description="Accepted API keys (each must start with 'tml-'). Empty = any 'tml-' key, "

@@ -1,5 +1,5 @@
 """Model files for tx: tiny random models of each supported family, their synthetic tokenizer, and finding
-models on disk.
+models on disk (a hub id absent from the cache fetched from the hub first: `download.py`).
 
 Public surface: `build_tokenizer`, `write_tiny_model` (any preset of `make_tiny`), `preset_for_name`,
 `write_tiny_text_model` (the Qwen3 shapes of `PRESETS`), `write_to_hf_cache` and `resolve_model_dir`. Heavy

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from tx.config import DEFAULT_MODEL, Settings
+from tx.models.download import split_revision
 from tx.models.resolve import resolve_model_dir
 
 logger = logging.getLogger(__name__)
@@ -25,10 +26,16 @@ def ensure_default_model(models_dir: Path) -> Path:
 
 
 def resolve_served_models(settings: Settings) -> dict[str, Path]:
-    """Served name -> local model directory. The name is what clients pass as `base_model`."""
+    """Served name -> local model directory. The name is what clients pass as `base_model`: a hub id without the
+    `@revision` that pinned it. A hub id not in the cache is downloaded first unless `settings.offline`."""
     if not settings.base_models:
         return {DEFAULT_MODEL: ensure_default_model(settings.models_dir)}
-    return {name: resolve_model_dir(name) for name in settings.base_models}
+    return {served_name(name): resolve_model_dir(name, offline=settings.offline) for name in settings.base_models}
+
+
+def served_name(name: str) -> str:
+    """`Qwen/Qwen3-8B@<revision>` is served as `Qwen/Qwen3-8B`; a local directory keeps its path."""
+    return name if Path(name).expanduser().is_dir() else split_revision(name)[0]
 
 
 def tokenizer_id_for(name: str, directory: Path) -> str:

@@ -208,11 +208,18 @@ def test_resolve_model_dir_local_directory(tiny_dir: Path) -> None:
     assert resolve_model_dir(str(tiny_dir)) == tiny_dir
 
 
-@pytest.mark.parametrize("name", ["Org/Missing-Model", "missing", "a/b/c"])
-def test_resolve_model_dir_missing(name: str, hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("name", ["Org/Missing-Model", "missing"])
+def test_resolve_model_dir_missing_offline(name: str, hf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(NotFoundError) as info:
         resolve_model_dir(name)
     message = str(info.value)
     assert f"tx models make-tiny {name}" in message and str(hf_home / "hub") in message
+    assert "offline (--offline or HF_HUB_OFFLINE=1)" in message
+
+
+def test_resolve_model_dir_neither_directory_nor_hub_id(hf_home: Path) -> None:
+    with pytest.raises(NotFoundError, match="neither a local directory nor a hub id"):
+        resolve_model_dir("a/b/c")
