@@ -7,11 +7,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from pydantic import ValidationError
 
 from tx.config.names import AttnImplementation, EngineKindName, VllmLoraRank
+
+if TYPE_CHECKING:
+    from tx.config import Settings
 
 logger = logging.getLogger("tx")
 SHUTDOWN_GRACE_S = 1  # seconds
@@ -25,9 +28,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the data directory)")
     p.add_argument(
         "--base-model", action="append", dest="base_models",
-        help="a local model directory or a hub id in the HF cache; repeatable "
-        "(default: the built-in tiny model)",
+        help="a local model directory, or a hub id (org/name, org/name@revision) downloaded into the HF cache "
+        "before the server is ready unless it is there; repeatable (default: the built-in tiny model)",
     )
+    p.add_argument("--offline", action="store_true", default=None,
+                   help="download no model: hub ids must be in the HF cache already (as HF_HUB_OFFLINE=1)")
+    _debug_argument(p)
     p.add_argument("--api-key", action="append", dest="api_keys", help="accepted API key; repeatable")
     p.add_argument("--allowed-host", action="append", dest="allowed_hosts", metavar="NAME",
                    help="a name clients reach this server by, beyond localhost and its address (Host header, "
@@ -84,6 +90,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampler-versions-kept", type=int, help="weight versions held per run (default 8)")
     _image_arguments(p)
     _quota_arguments(p)
+
+
+def _debug_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", default=None, help="print the traceback of a refusal at start")
 
 
 def _quota_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,6 +165,7 @@ def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:
         "gpt_oss, gemma3, llama, vocab-h64, vocab-h256",
     )
     p.add_argument("--seed", type=int, default=0)
+    _debug_argument(p)
 
 
 def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
@@ -167,6 +178,7 @@ def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", type=Path, help="the server's data directory (default ~/.tx)")
     p.add_argument("--base-model", action="append", dest="base_models",
                    help="the base models the server serves, as for `tx serve` (default: the built-in one)")
+    _debug_argument(p)
     _import_parser(commands)
     _prune_parser(commands)
 
@@ -206,7 +218,8 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
         "variable TX_ENGINE_SECRET (never argv).",
     )
     p.add_argument("--kind", choices=get_args(EngineKindName), default="embedded", help="engine (default embedded)")
-    p.add_argument("--model", required=True, help="a local model directory or a hub id in the HF cache")
+    p.add_argument("--model", required=True,
+                   help="a local model directory, or a hub id (org/name[@revision]) downloaded unless in the HF cache")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind: loopback or a private cluster address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8001, help="port to bind (default 8001; 0 = any free port)")
@@ -229,6 +242,7 @@ def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
                    "--vllm-url picks the socket) and tx engine serve over it, and exit")
     p.add_argument("--vllm-arg", action="append", dest="extra_vllm_args", default=[],
                    help="vLLM engine: one more `vllm serve` argument, e.g. --vllm-arg=--max-num-seqs=16; repeatable")
+    _debug_argument(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,6 +257,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def refuse(command: str, exc: BaseException, debug: bool | None) -> int:
+    """A refusal at start: one line on stderr, naming the cause and the fix; the traceback too with --debug.
+    Exit status 2 (docs/operations.md#start-up-errors)."""
+    if debug:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    message = settings_line(exc) if isinstance(exc, ValidationError) else " ".join(str(exc).split())
+    print(f"{command}: {message}", file=sys.stderr)
+    return 2
+
+
+def settings_line(exc: ValidationError) -> str:
+    """Pydantic's several lines per error, as one: `--flag: what is wrong` for each."""
+    from tx.config import Settings, sections
+
+    parts = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"]]
+        message = error["msg"].removeprefix("Value error, ")
+        if loc and loc[-1] not in sections(Settings):  # a section's own check names its flags itself
+            message = f"--{loc[-1].replace('_', '-')}: {message}"
+        parts.append(message)
+    return "invalid settings: " + "; ".join(parts)
+
+
 def serve(args: argparse.Namespace) -> int:
     from tx.cpu import use_cpu_defaults
 
@@ -250,6 +290,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tx.api.app import create_app
+    from tx.api.startup import StartupRefused, preflight
     from tx.config import PRIVATE_UMASK, Settings
 
     os.umask(PRIVATE_UMASK)  # the store, checkpoints and exports 0600: docs/security.md#the-data-directory
@@ -257,48 +298,69 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {
         k: v for k, v in vars(args).items() if v is not None and k not in ("command", "func")
     }
+    settings: Settings | None = None
     try:
         settings = Settings(**overrides)
-    except ValidationError as exc:
-        print(f"tx serve: invalid settings:\n{exc}", file=sys.stderr)
-        return 2
-    if settings.engines.kind == "vllm":
-        from tx.inference.engines.vllm import VllmUnavailable, require_vllm
-        from tx.inference.engines.vllm.support import VllmCannotServe, check_servable
-        from tx.models.serve import resolve_served_models
-
-        try:
-            require_vllm(settings.engines.vllm_python)
-            check_servable(resolve_served_models(settings), settings.engines.vllm_python)
-        except (VllmUnavailable, VllmCannotServe) as exc:
-            print(f"tx serve: {exc}", file=sys.stderr)
-            return 2
+        models = preflight(settings)  # data directory, port, store, models (downloaded): one line each
+        if settings.engines.kind == "vllm":
+            _check_vllm(settings, models)
+    except (ValidationError, StartupRefused) as exc:
+        return refuse("tx serve", exc, settings.debug if settings else args.debug)
     app = create_app(settings)
     logger.info("tx starting on http://%s:%d (TINKER_BASE_URL)", settings.host, settings.port)
     # On SIGTERM, open requests (SDK long-polls of retrieve_future hold one up to 30 s) get a moment to finish;
     # then the lifespan stops the trainer and the engines.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75,
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    if not settings.debug:  # a failed start is the one line below, not the lifespan's traceback in uvicorn's log
+        logging.getLogger("uvicorn.error").addFilter(_no_startup_traceback)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, timeout_keep_alive=75,
+                    timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    except SystemExit:  # uvicorn's exit when the lifespan's start failed (status 3), or it could not bind
+        error = getattr(app.state, "startup_error", None)
+        if error is None:
+            raise
+        return refuse("tx serve", error, settings.debug)
     return 0
+
+
+def _no_startup_traceback(record: logging.LogRecord) -> bool:
+    """uvicorn logs a failed lifespan start as the formatted traceback the app sent (`lifespan.startup.failed`)."""
+    return not str(record.msg).startswith("Traceback (most recent call last)")
+
+
+def _check_vllm(settings: Settings, models: dict[str, Path]) -> None:
+    """vLLM is installed where tx looks for it, and serves each model's family."""
+    from tx.api.startup import StartupRefused
+    from tx.inference.engines.vllm import VllmUnavailable, require_vllm
+    from tx.inference.engines.vllm.support import VllmCannotServe, check_servable
+
+    try:
+        require_vllm(settings.engines.vllm_python)
+        check_servable(models, settings.engines.vllm_python)
+    except (VllmUnavailable, VllmCannotServe) as exc:
+        raise StartupRefused(str(exc)) from exc
 
 
 def engine_serve(args: argparse.Namespace) -> int:
     from tx.cpu import use_cpu_defaults
 
     use_cpu_defaults()
+    from tx.api.startup import StartupRefused, check_port_free
     from tx.inference.engines.standalone import StandaloneEngine, StandaloneError, vllm_serve_command
     from tx.inference.engines.standalone import serve as serve_engine
     from tx.types import NotFoundError
 
-    options = {k: v for k, v in vars(args).items() if k not in ("command", "engine_command", "print_vllm_command")}
+    options = {k: v for k, v in vars(args).items()
+               if k not in ("command", "engine_command", "print_vllm_command", "debug")}
     try:
         if args.print_vllm_command:
             print(vllm_serve_command(StandaloneEngine(**{**options, "kind": "vllm"})))
             return 0
+        if args.vllm_url is None:
+            check_port_free(args.host, args.port, "--port")
         serve_engine(StandaloneEngine(**options))
-    except (StandaloneError, NotFoundError, ValidationError) as exc:
-        print(f"tx engine serve: {exc}", file=sys.stderr)
-        return 2
+    except (StandaloneError, NotFoundError, ValidationError, StartupRefused) as exc:
+        return refuse("tx engine serve", exc, args.debug)
     return 0
 
 
@@ -313,8 +375,12 @@ def make_tiny(args: argparse.Namespace) -> int:
             hf_home = args.hf_home or Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
             path = write_to_hf_cache(args.name, hf_home, preset=preset, seed=args.seed)
     except ValueError as exc:
-        print(f"tx models make-tiny: {exc}", file=sys.stderr)
-        return 2
+        return refuse("tx models make-tiny", exc, args.debug)
+    except OSError as exc:
+        refusal = OSError(f"cannot write {exc.filename or args.out or args.hf_home} ({exc.strerror or exc}): choose "
+                          "another place with --hf-home (or HF_HOME) or --out")
+        refusal.__cause__ = exc
+        return refuse("tx models make-tiny", refusal, args.debug)
     print(path)
     return 0
 
@@ -326,8 +392,8 @@ def export_checkpoint(args: argparse.Namespace) -> int:
     from tx.models.serve import resolve_served_models
     from tx.types import NotFoundError, UserError
 
-    settings = Settings(**{k: v for k, v in vars(args).items() if k in ("data_dir", "base_models") and v})
     try:
+        settings = Settings(**{k: v for k, v in vars(args).items() if k in ("data_dir", "base_models") and v})
         if args.path.startswith("tinker://"):
             directory = CheckpointFiles(settings.checkpoints_dir).require(TinkerPath.parse(args.path))
         else:
@@ -337,9 +403,8 @@ def export_checkpoint(args: argparse.Namespace) -> int:
         if base not in models:
             raise UserError(f"base model {base!r} is not among {sorted(models)}; pass it with --base-model")
         print(merge_into_base(directory, models[base], args.merge))
-    except (UserError, NotFoundError, OSError) as exc:
-        print(f"tx checkpoints export: {exc}", file=sys.stderr)
-        return 2
+    except (UserError, NotFoundError, OSError, ValidationError) as exc:
+        return refuse("tx checkpoints export", exc, args.debug)
     return 0
 
 

@@ -172,8 +172,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             ctx, runtime = build_context(settings, asyncio.get_running_loop())
-        except ExternalEngineError as exc:
-            logger.error("tx cannot start: %s", exc)  # one line per engine, each naming its URL
+        except Exception as exc:
+            app.state.startup_error = exc  # `tx serve` prints it as one line (tx/cli.py), the traceback with --debug
+            if isinstance(exc, ExternalEngineError):
+                logger.error("tx cannot start: %s", exc)  # one line per engine, each naming its URL
             raise
         app.state.ctx = ctx
         metrics.watch(ctx, runtime.scheduler)
