@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tx.inference.engines.embedded.generate import Row, sample_next
+from tx.inference.engines.embedded.generate import BLOCK, Row, sample_next
 from tx.inference.protocol import GenerateRequest
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
@@ -79,3 +79,18 @@ def test_the_logprob_reported_is_the_raw_models_whatever_the_route() -> None:
     tokens, logprobs, _ = sample_next(logits.clone(), batch)
     raw = torch.log_softmax(logits.double(), dim=-1)
     np.testing.assert_allclose(logprobs, [float(raw[i, t]) for i, t in enumerate(tokens)], atol=1e-5)
+
+
+def test_the_two_level_draw_finds_ids_in_every_block_and_never_a_masked_one() -> None:
+    """A vocabulary of 2 whole blocks and a tail: the mass on ids at block edges, in the tail, beside masked ids."""
+    vocab, favoured = 2 * BLOCK + 952, [0, BLOCK - 1, BLOCK, 2 * BLOCK + 951, 1500]
+    logits = torch.full((vocab,), -30.0)
+    logits[favoured] = torch.tensor([1.0, 0.5, 0.0, 1.5, -0.5])
+    never = (BLOCK - 2, BLOCK + 1, 2 * BLOCK + 950)
+    logits[list(never)] = 5.0  # would win if drawn
+    batch = rows(DRAWS, temperature=1.0)
+    tokens, _, _ = sample_next(logits.expand(len(batch), -1).clone(), batch, never)
+    got = np.bincount(tokens, minlength=vocab) / len(batch)
+    want = torch.softmax(logits.index_fill(0, torch.tensor(never), float("-inf")).double(), dim=-1).numpy()
+    assert not any(got[list(never)])
+    assert np.all(np.abs(got - want) <= 5 * np.sqrt(want * (1 - want) / DRAWS) + 1e-9)

@@ -184,11 +184,13 @@ class RunningBatch:
         if not live:
             return
         never = self.weights.never_sampled  # a vision-language model's placeholders (generate.py)
-        tokens, logprobs, topk = sample_next(logits[live], [rows[i] for i in live], never)
-        for i, token, logprob, best in zip(live, tokens, logprobs, topk):
-            rows[i].append(token, logprob, self.weights.decode, best)
-            self._tell(owners[i], rows[i].sample_index, token, logprob)
-        self.stats.num_generated_tokens += len(live)
+        if len(live) < len(rows):  # rows that stopped stay in the batch (`drop_finished`): their logits go
+            logits, rows, owners = logits[live], [rows[i] for i in live], [owners[i] for i in live]
+        tokens, logprobs, topk = sample_next(logits, rows, never)
+        for row, owner, token, logprob, best in zip(rows, owners, tokens, logprobs, topk):
+            row.append(token, logprob, self.weights.decode, best)
+            self._tell(owner, row.sample_index, token, logprob)
+        self.stats.num_generated_tokens += len(rows)
 
     def _tell(self, job: Job, index: int, token: int, logprob: float) -> None:
         """Hand a sampled token to `job`'s listener; one that raises fails its own job only (its rows leave)."""
