@@ -5,7 +5,11 @@ huggingface_hub uses. tx's code and huggingface_hub's run unchanged; only HF_END
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -171,3 +175,43 @@ def test_a_repository_without_safetensors_is_refused(hub: HubStandIn, tmp_path: 
         resolve_model_dir("Org/Pickled")
     assert not any("/resolve/" in path for _, path, _ in hub.requests)
     shutil.rmtree(pickled)
+
+
+def _fetch_in_a_process(tmp_path: Path, hub: HubStandIn) -> subprocess.Popen:
+    """`resolve_model_dir(REPO)` in a process of its own, as a `tx serve` would run it."""
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf")}
+    code = f"from tx.models.resolve import resolve_model_dir; print(resolve_model_dir({REPO!r}))"
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_a_killed_download_is_finished_by_the_next_start(hub: HubStandIn, model_dirs: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    hub.bytes_per_s = 200e3  # the 1.4 MB of weights take ~7 s: the process is killed in the middle
+    proc = _fetch_in_a_process(tmp_path, hub)
+    snapshot = cache(tmp_path) / "models--Org--Tiny" / "snapshots"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (snapshot.is_dir() and len(list(snapshot.glob("*/*"))) >= 5):
+        time.sleep(0.1)  # until the small files are in
+    assert len(hub.file_gets("model.safetensors")) == 1 and proc.poll() is None
+    proc.kill()
+    proc.wait()
+    hub.bytes_per_s = None
+    hub.requests.clear()
+    done = resolve_model_dir(REPO)
+    assert (done / "model.safetensors").read_bytes() == (model_dirs["0"] / "model.safetensors").read_bytes()
+    assert [path.rsplit("/", 1)[-1] for method, path, _ in hub.requests if method == "GET" and "/resolve/" in path] \
+        == ["model.safetensors"]  # the finished files were kept
+
+
+def test_two_processes_sharing_a_cache_both_get_the_whole_model(hub: HubStandIn, model_dirs: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    hub.bytes_per_s = 2e6
+    procs = [_fetch_in_a_process(tmp_path, hub) for _ in range(2)]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], outputs
+    assert outputs[0][0] == outputs[1][0]
+    snapshot = Path(outputs[0][0].strip())
+    for name in MODEL_FILES:
+        assert (snapshot / name).read_bytes() == (model_dirs["0"] / name).read_bytes(), name
+    assert not list((cache(tmp_path) / "models--Org--Tiny" / "blobs").glob("*.incomplete"))
