@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import LORA_ALPHA
@@ -75,7 +75,7 @@ def read_config(upload: Path) -> dict[str, Any]:
     try:
         with safe_open(str(upload), framework="pt") as handle:
             config = _config_from_metadata(handle.metadata() or {})
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise UserError(f"the upload is not a readable safetensors file ({exc})") from exc
     check_config(config)
     return config
@@ -87,7 +87,7 @@ def read_adapter(upload: Path) -> PeftAdapter:
     try:
         with safe_open(str(upload), framework="pt") as handle:
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise UserError(f"the upload's tensors are not readable ({exc})") from exc
     if not tensors:
         raise UserError("the adapter holds no tensors")

@@ -18,7 +18,7 @@ from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.schemas.futures import UntypedAPIFuture
 
-router = APIRouter(tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(404, 413))
+router = APIRouter(tags=["checkpoints"], responses=COMMON_ERRORS | error_responses(404))
 IMPORT_ROUTE = "/tx/checkpoints/import"
 
 
