@@ -15,6 +15,7 @@ from typing import Protocol
 from tx.backends.base import TrainingBackend
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import peft_config_for
+from tx.backends.torch.peft_compat import note_plain_peft
 from tx.models.lora_targets import structure_of
 from tx.types import LoraConfig, UserError
 
@@ -55,3 +56,4 @@ class LoraFilesBackend(TrainingBackend):
         weights = dict(self.iter_trainable_weights(model_id))
         config = peft_config_for(run.lora, structure_of(self._paths[run.base_model]), held=weights)
         checkpoint.write_sampler_weights(directory, run.base_model, config, weights)
+        note_plain_peft(directory, self._paths[run.base_model], run.base_model, config, weights)

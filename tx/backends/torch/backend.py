@@ -43,6 +43,7 @@ from tx.backends.torch.model import load_causal_lm, read_model_info, training_fl
 from tx.backends.torch.optim import new_optimizer, optimizer_of, optimizer_step
 from tx.backends.torch.logit_cap import choose_logit_cap
 from tx.backends.torch.packing import choose_packing
+from tx.backends.torch.peft_compat import note_plain_peft
 from tx.backends.torch.run import Run
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.config.sections import TrainerSection
@@ -331,7 +332,9 @@ class TorchBackend(TrainingBackend):
         run = self._run(model_id)
         host = self._hosts[run.base_model]
         weights = host.peft_state_dict(run.adapter)
-        checkpoint.write_sampler_weights(directory, run.base_model, host.peft_config(run.adapter), weights)
+        config = host.peft_config(run.adapter)
+        checkpoint.write_sampler_weights(directory, run.base_model, config, weights)
+        note_plain_peft(directory, self._paths[run.base_model], run.base_model, config, weights)
 
     def gradients(self, model_id: str) -> dict[str, torch.Tensor | None]:
         """The run's accumulated gradients by PEFT file name (None where nothing accumulated yet)."""

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import peft
 import torch
+from transformers import PreTrainedModel
 
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import peft_config_for
+from tx.backends.torch.merge import Plan, plan_merge, write_merged
 from tx.backends.torch.model import load_causal_lm
 from tx.models.lora_targets import exact_targets, structure_of
 from tx.types import UserError
@@ -39,18 +41,40 @@ def merge_into_base(directory: Path, base_dir: Path, out: Path) -> Path:
     """Write base + adapter of `directory`, merged, as an HF model directory `out` (must not exist)."""
     if out.exists():
         raise UserError(f"{out} already exists; choose a new output directory")
+    tmp = out.with_name(f".tmp-{out.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
     with tempfile.TemporaryDirectory() as scratch:
         adapter = _as_peft_adapter(directory, base_dir, Path(scratch))
-        model = load_causal_lm(base_dir, torch.device("cpu"))
-        with exact_targets():
-            merged = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-        tmp = out.with_name(f".tmp-{out.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        merged.save_pretrained(str(tmp), safe_serialization=True)
-        _copy_tokenizer(base_dir, tmp)
-        tmp.rename(out)
-    logger.info("merged %s into %s: %s", directory, base_dir, out)
+        plan = plan_merge(adapter, base_dir)
+        if isinstance(plan, Plan):
+            write_merged(plan, adapter, base_dir, tmp)
+            logger.info("merged %s into %s shard by shard (%d shards): %s", directory, base_dir, len(plan.shards), out)
+        else:
+            logger.info("merging %s into %s in memory (the whole model loaded): %s", directory, base_dir, plan)
+            merge_in_memory(adapter, base_dir, tmp)
+    tmp.rename(out)
     return out
+
+
+def merge_in_memory(adapter: Path, base_dir: Path, out: Path) -> None:
+    """PEFT's `merge_and_unload` on the whole base model, saved to `out`: for bases `plan_merge` cannot stream."""
+    model = load_causal_lm(base_dir, torch.device("cpu"))
+    _untie_head(model)
+    with exact_targets():
+        merged = peft.PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged.save_pretrained(str(out), safe_serialization=True)
+    _copy_tokenizer(base_dir, out)
+
+
+def _untie_head(model: PreTrainedModel) -> None:
+    """Give a head tied to the input embeddings a weight of its own (and say so in the config), so that merging
+    its LoRA leaves the embeddings as the trainer has them (merged in place, the shared weight moved both)."""
+    head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embeddings is None or head.weight is not embeddings.weight:
+        return
+    head.weight = torch.nn.Parameter(embeddings.weight.detach().clone(), requires_grad=False)
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        config.tie_word_embeddings = False
 
 
 def _as_peft_adapter(directory: Path, base_dir: Path, scratch: Path) -> Path:
