@@ -180,6 +180,7 @@ def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
                    help="the base models the server serves, as for `tx serve` (default: the built-in one)")
     _debug_argument(p)
     _import_parser(commands)
+    _merge_parser(commands)
     _prune_parser(commands)
 
 
@@ -194,6 +195,19 @@ def _import_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--base-model", required=True, help="the served base model it was trained on")
     p.add_argument("--name", help="the checkpoint's name (default: the directory's name)")
     p.add_argument("--project-id", help="the project of the session that will hold it")
+    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
+
+
+def _merge_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "merge", help="merge one of your checkpoints into its base model on a server, to download",
+        description="The server at TINKER_BASE_URL merges the checkpoint (of TINKER_API_KEY) into its base model "
+        "shard by shard and keeps the result as tinker://<run>/external_weights/<name>; `tinker checkpoint "
+        "download` fetches it.",
+    )
+    p.add_argument("path", help="tinker://<run>/<kind>/<name>")
+    p.add_argument("--name", required=True, help="the merged model's checkpoint name")
+    p.add_argument("--ttl-s", type=int, help="expire it this many seconds from now (default: never)")
     p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
 
 
@@ -422,6 +436,22 @@ def import_checkpoint(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge_checkpoint(args: argparse.Namespace) -> int:
+    import httpx
+
+    from tx.client_commands import merge_checkpoint as merge_on_server
+    from tx.types import UserError
+
+    try:
+        path, size = merge_on_server(args.path, args.name, args.ttl_s, args.url)
+    except (UserError, OSError, httpx.HTTPError) as exc:
+        print(f"tx checkpoints merge: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    print(f"({size / 2**20:,.1f} MiB; download it with: tinker checkpoint download {path})", file=sys.stderr)
+    return 0
+
+
 def prune_checkpoints(args: argparse.Namespace) -> int:
     import httpx
 
@@ -436,7 +466,8 @@ def prune_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
-CHECKPOINT_COMMANDS = {"export": export_checkpoint, "import": import_checkpoint, "prune": prune_checkpoints}
+CHECKPOINT_COMMANDS = {"export": export_checkpoint, "import": import_checkpoint, "merge": merge_checkpoint,
+                       "prune": prune_checkpoints}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The `tx checkpoints` commands that talk to a running server as a user, with the key in `TINKER_API_KEY`, at
-`TINKER_BASE_URL` (as the SDK does): `import` (an adapter trained elsewhere, `tx/api/routes/imports.py`) and
-`prune` (the caller's checkpoints by run or age, shown and confirmed before any is deleted). They speak the
+`TINKER_BASE_URL` (as the SDK does): `import` (an adapter trained elsewhere, `tx/api/routes/imports.py`), `merge`
+(a checkpoint merged into its base model on the server, `tx/api/routes/merges.py`) and `prune` (the caller's
+checkpoints by run or age, shown and confirmed before any is deleted). They speak the
 server's HTTP routes, so they need neither the SDK nor the server's data directory."""
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ def wait_for(client: httpx.Client, request_id: str) -> dict[str, Any]:
             raise UserError(str(result["error"]))
         if result.get("type") != "try_again":
             return result
+
+
+# ---- merge ----
+
+def merge_checkpoint(source: str, name: str, ttl_s: int | None, url: str | None) -> tuple[str, int]:
+    """(path, bytes) of `source` merged into its base model on the server, as external_weights/<name>."""
+    body: dict[str, Any] = {"source_path": source, "name": name, "ttl_seconds": ttl_s}
+    with server_client(url) as client:
+        future = answer_of(client.post("/api/v1/tx/checkpoints/merge", json=body))
+        result = wait_for(client, future["request_id"])
+    return str(result["path"]), int(result.get("size_bytes") or 0)
 
 
 # ---- prune ----

@@ -29,6 +29,7 @@ from tx.api.routes import (
     futures,
     identity,
     imports,
+    merges,
     oai,
     runs,
     sampling,
@@ -38,11 +39,13 @@ from tx.api.routes import (
 from tx.api.routes import metrics as metrics_route
 from tx.api.sequencing import reject_seq_of_invalid_body
 from tx.backends import create_backend
+from tx.backends.torch.export import merge_into_base
 from tx.config import Settings, make_private_dir
 from tx.config.sections import EngineSection
 from tx.core.audit import AuditTrail
 from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
+from tx.core.checkpoints.merges import ServerMerges
 from tx.core.console import ConsoleViews
 from tx.core.futures import FutureRegistry
 from tx.core.sampling.admission import SampleAdmission
@@ -158,7 +161,9 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     ctx = Context(
         settings=settings, sessions=core.sessions, runs=core.runs, views=views, training=core.training,
         sequencer=core.sequencer, checkpoints=core.checkpoints, catalog=core.catalog, copies=core.copies,
-        imports=core.imports, samplers=core.samplers,
+        imports=core.imports,
+        merges=ServerMerges(core.catalog, futures_, models, merge_into_base, settings.quotas),
+        samplers=core.samplers,
         sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
         custom_losses=core.custom_losses, records=core.records, audit=core.audit, futures=futures_,
         manager=manager,
@@ -189,6 +194,7 @@ def create_app(settings: Settings) -> FastAPI:
                 await asyncio.gather(asyncio.to_thread(runtime.scheduler.stop, TRAINING_STOP_WAIT_S),
                                      ctx.manager.close())
                 runtime.backend.close()
+                ctx.merges.close()
                 logger.info("training and engines stopped")
             finally:
                 runtime.recorder.close()  # the last steps' metrics, before the store goes
@@ -204,7 +210,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.engine_rates = EngineRates()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
     for module in (client, identity, audit, sessions, training, custom_losses, futures, checkpoints, copies,
-                   imports, runs, sampling, downloads, console):
+                   imports, merges, runs, sampling, downloads, console):
         app.include_router(module.router, prefix="/api/v1")
     if settings.console:
         app.include_router(console_pages.router)

@@ -14,6 +14,7 @@ from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.checkpoints.copies import WeightCopies
 from tx.core.checkpoints.imports import AdapterImports
+from tx.core.checkpoints.merges import ServerMerges
 from tx.core.checkpoints.writer import CheckpointWriter
 from tx.core.console import ConsoleViews
 from tx.core.custom_losses import CustomLosses
@@ -48,6 +49,7 @@ class Context:
     catalog: CheckpointCatalog
     copies: WeightCopies
     imports: AdapterImports
+    merges: ServerMerges
     samplers: Samplers
     sampling: SamplingService
     text: TextSampling

@@ -138,3 +138,11 @@ class CheckpointTtlRequest(WireRequest):
 class ExternalWeightsUrlsResponse(WireResponse):
     urls: dict[str, str] = Field(description="signed URL per file, by its path in the checkpoint")
     expires: datetime
+
+
+class MergeCheckpointRequest(WireRequest):
+    """POST /api/v1/tx/checkpoints/merge (tx's own): a checkpoint of the caller's merged into its base model."""
+
+    source_path: str = Field(max_length=1024, description="tinker://<run>/<kind>/<name> of the caller's")
+    name: str = Field(max_length=200, description="the merged model's checkpoint name (external_weights/<name>)")
+    ttl_seconds: int | None = Field(None, description="when it expires, in seconds from now (none: never)")
