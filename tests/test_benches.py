@@ -54,6 +54,7 @@ SMALLEST: dict[str, list[str]] = {
     "first_sample.py": ["--rounds", "1", "--idle-s", "0", "--no-cold"],  # ~49 s
     "inflight_stall.py": ["--rounds", "1", "--max-tokens", "8", "--updates", "1", "--rank", "2"],  # ~74 s
     "lean_body.py": ["--steps", "2", "--seq-len", "8", "--batch", "1"],  # ~9 s
+    "merge.py": ["--tiny", "--layers", "1", "--rank", "2"],  # both merges of a 1-layer hidden-64 base: ~20 s
     # the tx side alone where SkyRL is not installed, as in CI: ~22 s
     # (docs/operations.md#benchmarks-against-a-peer)
     "peer.py": ["--rounds", "1", "--warmup", "0", "--steps", "1", "--samples", "1", "--idle-s", "0"],

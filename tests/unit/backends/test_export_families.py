@@ -100,8 +100,13 @@ def test_the_downloaded_adapter_loads_in_plain_peft(backend, family_model_dirs, 
 
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_the_merged_export_gives_the_trainers_logprobs(
-    backend, family_model_dirs, preset: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    backend, family_model_dirs, preset: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """In blocks of 1 KiB (a few rows of a linear, an untouched tensor in pieces), as a large model's are."""
+    from tx.backends.torch import merge
+
+    monkeypatch.setattr(merge, "BLOCK_BYTES", 1024)
     expected, sampler, state = _trained(backend, preset, tmp_path)
     base_dir = family_model_dirs[preset]
     _, merge = table()[preset]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import peft
 import torch
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from tx.backends.torch import checkpoint
 from tx.backends.torch.lora import peft_config_for
@@ -72,9 +72,12 @@ def _untie_head(model: PreTrainedModel) -> None:
     head, embeddings = model.get_output_embeddings(), model.get_input_embeddings()
     if head is None or embeddings is None or head.weight is not embeddings.weight:
         return
-    head.weight = torch.nn.Parameter(embeddings.weight.detach().clone(), requires_grad=False)
-    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
-        config.tie_word_embeddings = False
+    shared = embeddings.weight
+    assert isinstance(shared, torch.Tensor), "a tied head shares a tensor"
+    head.weight = torch.nn.Parameter(shared.detach().clone(), requires_grad=False)
+    config: PretrainedConfig = model.config
+    for section in {id(c): c for c in (config, config.get_text_config())}.values():
+        section.tie_word_embeddings = False
 
 
 def _as_peft_adapter(directory: Path, base_dir: Path, scratch: Path) -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import peft
 import torch
+from transformers import PreTrainedModel
 
 README = "README.md"
 
@@ -78,8 +79,8 @@ def _config_rewrites(skeleton: torch.nn.Module, config: peft.LoraConfig) -> list
     if not changed:
         return []
     dropped = sorted(set(config.target_modules or ()) - set(converted.target_modules or ()))
-    return [f"PEFT's transformers-4 MoE rewrite changes the config's {', '.join(changed)}: it drops the LoRA of "
-            f"{', '.join(dropped) or 'no module'} and reads the fused experts' with another rank"]
+    return [(f"PEFT's transformers-4 MoE rewrite changes the config's {', '.join(changed)}: it drops the LoRA of "
+             f"{', '.join(dropped) or 'no module'} and reads the fused experts' with another rank")]
 
 
 def _key_renames(skeleton: torch.nn.Module, config: peft.LoraConfig, weights: Mapping[str, torch.Tensor]
@@ -94,12 +95,12 @@ def _key_renames(skeleton: torch.nn.Module, config: peft.LoraConfig, weights: Ma
     if not renamed:
         return []
     new = sorted(set(converted) - set(weights))
-    return [f"PEFT's transformers-5 key conversion renames {len(renamed)} adapter tensors (e.g. {renamed[0]} -> "
-            f"{new[0] if new else 'nothing'}); PEFT then warns of missing adapter keys and leaves those modules "
-            "without their LoRA"]
+    return [(f"PEFT's transformers-5 key conversion renames {len(renamed)} adapter tensors (e.g. {renamed[0]} -> "
+             f"{new[0] if new else 'nothing'}); PEFT then warns of missing adapter keys and leaves those modules "
+             "without their LoRA")]
 
 
-def skeleton(base_dir: Path) -> torch.nn.Module:
+def skeleton(base_dir: Path) -> PreTrainedModel:
     """The model in `base_dir` on the meta device (its config alone, no weights)."""
     from transformers import AutoConfig
 
