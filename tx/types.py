@@ -223,6 +223,17 @@ class OptimStepResult:
 
 
 @dataclass(frozen=True)
+class BaseLogprobs:
+    """The trainer's base model on some token sequences (no adapter): per sequence, the logprob of each token
+    given the ones before it (position 0 has none, so a row is one shorter than its sequence), and the most two
+    runs of the model may differ on such a logprob (`tx.models.agreement.token_tolerance` of its dtype). What
+    an engine's self-check compares its prompt logprobs with (`tx/inference/manager/selfcheck.py`)."""
+
+    logprobs: list[list[float]]
+    tolerance: float
+
+
+@dataclass(frozen=True)
 class BaseModelInfo:
     """What the server tells clients about a base model it serves."""
 

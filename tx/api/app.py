@@ -47,6 +47,7 @@ from tx.core.checkpoints.downloads import DownloadSigner
 from tx.core.checkpoints.files import CheckpointFiles
 from tx.core.checkpoints.merges import ServerMerges
 from tx.core.console import ConsoleViews
+from tx.core.engine_check import TrainerReference
 from tx.core.futures import FutureRegistry
 from tx.core.sampling.admission import SampleAdmission
 from tx.core.sampling.service import SamplingService
@@ -75,7 +76,8 @@ def build_manager(engines: EngineSection, models: dict[str, Path], loop: asyncio
                   externals: list[ExternalEngine] | None = None) -> EngineManager:
     """`trainer_device`: where the trainer runs (the backend's `training_device()`); it picks the weight
     transport to each engine (gloo, NCCL, CUDA IPC). `externals`: engines started by someone else, checked."""
-    engine_settings = EngineSettings.build(engines, colocate=colocate, trainer_device=trainer_device)
+    engine_settings = EngineSettings.build(engines, colocate=colocate, trainer_device=trainer_device,
+                                           self_check=engine_kind(engines.kind).checked_by_trainer)
     manager = EngineManager(models, engine_settings, launcher, externals or [])
     manager.bind(loop)
     return manager
@@ -151,6 +153,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
                           training_lease=manager.training_pass, versions_kept=engines.versions_kept,
                           limits=settings.quotas, audit=audit,
                           trainer_threads=lambda: budget.trainer_threads(bool(manager.engine_processes())))
+    manager.reference = TrainerReference(backend, futures_, scheduler)
     logger.info("CPU threads: %d; the trainer's %d while a local engine runs; each local engine's %d",
                 budget.total, budget.trainer, budget.engine)
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, core.records, images,

@@ -32,6 +32,7 @@ from tx.backends import datums
 from tx.backends.datums import DatumRules
 from tx.optimizers import ADAMW, AdamParams, OptimizerConfig, OptimParams, check_params_fit
 from tx.types import (
+    BaseLogprobs,
     BaseModelInfo,
     CustomLoss,
     ForwardBackwardInput,
@@ -77,6 +78,11 @@ class TrainingBackend(ABC):
     @abstractmethod
     def served_models(self) -> list[BaseModelInfo]:
         """Every base model this backend serves."""
+
+    def base_logprobs(self, base_model: str, sequences: Sequence[Sequence[int]]) -> BaseLogprobs | None:
+        """The base model's forward of each sequence (one row, no adapter): what an engine's self-check compares
+        its prompt logprobs with. Called on the training thread. None: this trainer cannot (nothing is checked)."""
+        return None
 
     @abstractmethod
     def create_model(self, model_id: str, base_model: str, lora: LoraConfig,

@@ -49,9 +49,11 @@ from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
 from tx.config.sections import TrainerSection
 from tx.cpu import pass_threads
 from tx.devices import resolve_device
+from tx.models.agreement import token_tolerance
 from tx.multimodal import ImageLimits, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
+    BaseLogprobs,
     BaseModelInfo,
     ConflictError,
     CustomLoss,
@@ -140,6 +142,18 @@ class TorchBackend(TrainingBackend):
     def datum_rules(self, base_model: str) -> DatumRules:
         info, model_dir = self.base_model_info(base_model), self._paths[base_model]
         return DatumRules.of_model_dir(info, model_dir, self.settings.max_sequence_tokens, self._image_limits)
+
+    def base_logprobs(self, base_model: str, sequences: Sequence[Sequence[int]]) -> BaseLogprobs:
+        host = self._host(base_model)
+        model = host.model
+        rows = []
+        with torch.inference_mode(), host.base_only():
+            for tokens in sequences:
+                ids = torch.tensor([list(tokens)], device=model.device)
+                logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+                picked = torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0]
+                rows.append(picked.cpu().tolist())
+        return BaseLogprobs(rows, token_tolerance(model.dtype))
 
     def _host(self, base_model: str) -> AdapterHost:
         if base_model not in self._hosts:

@@ -84,6 +84,15 @@ class AdapterHost:
             raise RuntimeError("no adapter was ever added to this base model")
         return self._peft
 
+    @contextmanager
+    def base_only(self) -> Iterator[None]:
+        """The base model's own forward, every adapter off, while the body runs (on the training thread)."""
+        if self._peft is None:
+            yield
+            return
+        with self._peft.disable_adapter():
+            yield
+
     def add(self, name: str, lora: LoraConfig) -> dict[str, torch.nn.Parameter]:
         """Add adapter `name`, initialised from `lora.seed`; its parameters by PEFT file name."""
         config = peft_config_for(lora, self.structure)

@@ -44,6 +44,9 @@ class EngineKind:
     # raises when this kind cannot run here with these config fields (at launcher start)
     check: Callable[[dict[str, Any]], object] | None = None
     standby: bool = False  # its module can start ahead and wait for its config on stdin (launch/standby.py)
+    # the manager checks it against the trainer before sampling (it runs its own model code, which does not
+    # check itself: tx/inference/manager/selfcheck.py)
+    checked_by_trainer: bool = False
 
     def require(self, fields: dict[str, Any]) -> None:
         """Fail now, with a message that says what to install, when this kind cannot run on this machine with
@@ -65,6 +68,7 @@ VLLM = EngineKind(
     name="vllm", label="vLLM engine", module="tx.inference.engines.vllm", config=VllmEngineConfig,
     startup_timeout_s=600.0, stop_timeout_s=30.0, tensor_parallel=True, check=_vllm_installed,
     batch_rows=256,  # vLLM's default --max-num-seqs
+    checked_by_trainer=True,
 )
 ENGINE_KINDS: dict[str, EngineKind] = {kind.name: kind for kind in (EMBEDDED, VLLM)}
 assert set(ENGINE_KINDS) == set(get_args(EngineKindName))

@@ -10,7 +10,8 @@ supervision, each in its own module:
   (`external_watch.py`; their startup checks: `external.py`);
 - `client.py`: the engines' HTTP client, the edge where a domain `SampleRequest` becomes the contract's;
   `resume.py`: the abort/resume policy; `router.py`: sticky routing;
-- `report.py`: what operators see.
+- `report.py`: what operators see;
+- `selfcheck.py`: an engine checked against the trainer before its base model is first sampled.
 
 Here: a sample is routed to one engine (sticky on the sampling session), its weights are made ready there, and
 a request that met a dead engine is retried once on the restarted one, then failed with a server error. A
@@ -37,6 +38,7 @@ from tx.inference.manager.groups import EngineGroup, EngineSettings, EngineSlot,
 from tx.inference.manager.lifecycle import Lifecycle
 from tx.inference.manager.publisher import Publisher
 from tx.inference.manager.report import describe_groups
+from tx.inference.manager.selfcheck import Reference, Verdict, check_engine, check_prompts
 from tx.inference.manager.supervisor import Supervisor
 from tx.inference.manager.versions import VersionStore, WeightVersion, lora_spec, snapshot
 from tx.types import SampleKey, SampleRequest, SampleResult, TokenListener, UserError
@@ -82,6 +84,8 @@ class EngineManager:
         self.versions = VersionStore(settings.versions_kept)
         self.in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.reference: Reference | None = None  # the trainer's forward, for the self-check (set by the server)
+        self._verdicts: dict[str, asyncio.Task[Verdict]] = {}
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -107,6 +111,7 @@ class EngineManager:
         group = self.groups[base_model]
         self.in_flight += 1
         try:
+            await self._checked(group)
             version = None
             if weights_dir is not None:
                 version = await asyncio.to_thread(self.versions.pinned, key.sampler_id, weights_dir)
@@ -114,6 +119,32 @@ class EngineManager:
                 return await self._sample_once_or_twice(group, version, key, request, on_tokens)
         finally:
             self.in_flight -= 1
+
+    async def _checked(self, group: EngineGroup) -> None:
+        """Before the group's first sample, where the engines' kind asks for it: the self-check, once
+        (`selfcheck.py`); a UserError naming it when it failed. A check that could not run is tried again."""
+        if not self.settings.self_check or self.reference is None or not group.managed():
+            return
+        task = self._verdicts.get(group.base_model)
+        if task is None or (task.done() and task.exception() is not None):
+            task = self._verdicts[group.base_model] = asyncio.ensure_future(self._self_check(group))
+        verdict = await asyncio.shield(task)
+        if verdict.refused:
+            raise UserError(f"the engines cannot serve {group.base_model} exactly: {verdict.refused}; see "
+                            "docs/engines.md#the-vllm-engines-self-check")
+
+    async def _self_check(self, group: EngineGroup) -> Verdict:
+        assert self.reference is not None
+        prompts = check_prompts(group.model_dir)
+        reference = await self.reference(group.base_model, prompts)
+        if reference is None:
+            logger.warning("engine self-check of %s: the trainer cannot compute the reference; not checked",
+                           group.base_model)
+            return Verdict()
+        async with self.lifecycle.use(group):
+            slot = group.managed()[0]
+            await self.supervisor.ensure_running(group, slot)
+            return await check_engine(self.client, slot.name, group.base_model, prompts, reference)
 
     async def _sample_once_or_twice(self, group: EngineGroup, version: WeightVersion | None, key: SampleKey,
                                     request: SampleRequest, on_tokens: TokenListener | None) -> SampleResult:

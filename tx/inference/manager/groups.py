@@ -42,9 +42,11 @@ class EngineSettings:
     training_wait_s: float = 5.0  # a colocated training pass waits this long for in-flight samples, then pauses them
     transfer_timeout_s: float = 120.0
     trainer_device: str = "cpu"  # where the trainer runs: cpu, cuda, cuda:N (picks the weight transport)
+    self_check: bool = False  # check the engines against the trainer before sampling (`selfcheck.py`)
 
     @classmethod
-    def build(cls, section: EngineSection, *, colocate: bool, trainer_device: str) -> EngineSettings:
+    def build(cls, section: EngineSection, *, colocate: bool, trainer_device: str,
+              self_check: bool = False) -> EngineSettings:
         """The manager's settings from the engines' section of the server's settings, with the two facts only
         known at run time: whether engines share the trainer's accelerator, and where the trainer runs."""
         return cls(
@@ -52,6 +54,7 @@ class EngineSettings:
             colocate=colocate, sleep_level=section.sleep_level, max_adapters=section.max_adapters,
             versions_kept=section.versions_kept, trainer_device=trainer_device,
             training_wait_s=section.training_wait_s, probe_interval_s=section.probe_interval_s,
+            self_check=self_check,
         )
 
 

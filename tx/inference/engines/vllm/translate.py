@@ -19,10 +19,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from tx.inference.protocol import GeneratedSequence, GenerateRequest, GenerateResponse, StopReasonName
+
+TEST_FAULT_ENV = "TX_TEST_FAULT_VLLM_PROMPT_LOGPROBS"
+TEST_FAULT_SHIFT = float(os.environ.get(TEST_FAULT_ENV) or 0.0)
+"""A FAULT INJECTED FOR TESTS ONLY: added to every prompt logprob this engine reports, so a test can prove the
+manager's self-check refuses an engine that is wrong (tests/vllm_engine/test_vllm_selfcheck.py). Unset: 0."""
 
 _FINISH: dict[str, StopReasonName] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -150,7 +156,7 @@ def _prompt_logprobs(
         entry = row.get(prompt[position])
         if entry is None:
             raise TranslationError(f"vLLM gave no logprob for prompt token {position}")
-        values[position] = float(entry["logprob"])
+        values[position] = float(entry["logprob"]) + TEST_FAULT_SHIFT
         if k > 0:
             best = sorted(
                 (e["rank"], token, float(e["logprob"])) for token, e in row.items() if e["rank"] <= k
