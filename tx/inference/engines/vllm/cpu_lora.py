@@ -10,7 +10,8 @@ answer is wrong tokens and logprobs, and no error.
 `skip_rows_without_adapter` wraps the three ops that gather (`bgmv_shrink`, `bgmv_expand`,
 `bgmv_expand_slice`; the `sgmv_*` ops call them) wherever vLLM imported them, so a row with index -1 gets a
 zero delta, as on a GPU. `worker.py` applies it in every vLLM worker process, before vLLM builds its LoRA
-layers; rows with an adapter are computed exactly as before.
+layers; rows with an adapter are computed exactly as before. It also gives every row an index where vLLM
+passes one per request for the rows of several requests' prompt logprobs (`_per_row`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def rows_without_adapter_skipped(op: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(op)
     def run(inputs: torch.Tensor, weights: torch.Tensor, output: torch.Tensor, indices: torch.Tensor,
             *args: Any, **kwargs: Any) -> Any:
+        indices = _per_row(inputs, indices)
         without = indices < 0
         if bool(without.any()):
             inputs = inputs.masked_fill(without.unsqueeze(-1), 0)
@@ -66,3 +68,16 @@ def rows_without_adapter_skipped(op: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(run, _MARK, True)
     return run
+
+
+def _per_row(inputs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """One index per input row. For a batch's prompt logprobs, vLLM's CPU logits path passes the prompt rows of
+    every request but one index per request (its `sampler_indices`), and the op failed (`The size of tensor a
+    (2) must match the size of tensor b (15)`: the engine died, and every request in flight with it; found by
+    the engines' self-check, `tx/inference/manager/selfcheck.py`). Where every request takes the same slot (all
+    without an adapter, the common case), every row takes it; else the rows cannot be told apart here, and the
+    op fails as vLLM's own does."""
+    rows = inputs.shape[0]
+    if indices.shape[0] in (1, rows) or not bool((indices == indices[:1]).all()):
+        return indices
+    return indices[:1].expand(rows)
