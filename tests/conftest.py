@@ -9,6 +9,8 @@ sys.path.append(str(Path(__file__).parent))
 import background  # tests/ is on the path only from here on
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+# engines run the self-check on every load in tests (a kept decision would hide it); its cache has its own test
+os.environ["TX_SELFCHECK_CACHE"] = ""
 LEFT_OPEN = pytest.StashKey[list[str]]()
 
 

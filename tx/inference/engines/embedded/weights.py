@@ -31,7 +31,8 @@ from tx.inference.engines.embedded.attention import engine_attention, family_att
 from tx.inference.engines.embedded.lean_decode import Plan, plan, supports
 from tx.inference.engines.embedded.mixing import BASE, AdapterMixer
 from tx.inference.engines.embedded.prebuilt import take_tokenizer
-from tx.inference.engines.embedded.selfcheck import ServingPlan, check_serving
+from tx.inference.engines.embedded.selfcheck import ServingPlan
+from tx.inference.engines.embedded.selfcheck_cache import checked_serving
 from tx.inference.engines.embedded.stash import release_memory, restore_parameters, stash_parameters
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.models.auto import load_frozen
@@ -103,7 +104,8 @@ class Weights:
         self._mixer = AdapterMixer()
         self._lean: tuple[object, Plan | None] = (None, None)
         with torch.inference_mode():
-            self.serving: ServingPlan = check_serving(base, self.pad_id, self.family_attention, self.lean_plan)
+            self.serving: ServingPlan = checked_serving(base, self.model_dir, self.pad_id, self.family_attention,
+                                                        self.lean_plan)
 
     # ---- serving
 
