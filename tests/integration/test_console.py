@@ -242,3 +242,179 @@ def test_every_page_loads_under_300_ms_with_1000_steps_recorded(
 
 def _rounded(timings: dict[str, float]) -> dict[str, float]:
     return {k: round(v) for k, v in timings.items()}
+
+
+def seed_calls(server: TxServer, run_id: str, calls: list[tuple[str, float]]) -> None:
+    """One recorded call per (kind, loss per token) for `run_id`: forward_backward and forward calls with that
+    loss over 256 tokens, optim_step calls with a learning rate that decays; through the server's own recorder
+    (as `seed_steps`)."""
+    from tx.core.run_metrics import Measured, MetricsRecorder
+    from tx.store.store import Store
+    from tx.types import ForwardBackwardResult, OptimStepResult
+
+    store = Store.from_url(f"sqlite:///{server.data_dir / 'tx.db'}")
+    recorder = MetricsRecorder(store.metrics)
+    try:
+        start = time.time() - len(calls)
+        for i, (kind, loss) in enumerate(calls):
+            if kind == "optim_step":
+                result = OptimStepResult({"grad_norm": 1.0, "learning_rate": 1e-3 / (1 + i)})
+            else:
+                result = ForwardBackwardResult([{"logprobs": np.zeros(256, np.float32)}], {"loss:sum": loss * 256})
+            recorder.record(Measured(run_id, kind, start + i, 0.05, None, result))
+        recorder.flush(30)
+    finally:
+        recorder.close()
+        store.close()
+
+
+LOSS = "document.querySelector('.chart[data-title=\"loss per token\"]')"
+
+
+def mouse(page: Page, kind: str, x: float, y: float, **extra: object) -> None:
+    page.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, **extra)
+
+
+def test_charts_draw_every_point_negative_and_single_and_keep_zoom_and_readout_across_updates(
+        page: Page, console_server: TxServer, shots: Path) -> None:
+    with console_server.client(ALICE) as alice:
+        run = alice.create_lora_training_client("tiny-qwen3", rank=4).result().model_id
+        # an RL loss around 0 (importance sampling: +-1e-9 and negative), then one evaluation forward
+        losses = [0.5, -1e-9, 1e-9, -0.3, 0.2]
+        seed_calls(console_server, run, [c for loss in losses for c in (("forward_backward", loss), ("optim_step", 0.0))]
+                   + [("forward", 2.0)])
+        sign_in(page, console_server, ALICE)
+        page.goto(f"{console_server.url}/console#/runs/{run}")
+        page.wait_for(f"document.body.dataset.ready === 'runs' && {LOSS} && {LOSS}.txChart.u", what="the loss chart")
+        assert chart_points(page, "loss per token") == 6  # five steps and the forward: none dropped
+        assert page.evaluate("document.querySelector('#run-steps').textContent") == "5 steps"  # the forward is no step
+        assert page.evaluate(f"{LOSS}.txChart.u.scales.y.min") <= -0.3  # the negative loss is inside the plot
+        # the one forward point is drawn: coloured pixels around where it sits on the canvas
+        drawn = page.evaluate(f"""(() => {{ const u = {LOSS}.txChart.u, si = u.series.findIndex((s) => s.label === '(forward)');
+            const col = u.data[si], i = col.findIndex((v) => v !== null);
+            const x = Math.round(u.valToPos(u.data[0][i], 'x', true)), y = Math.round(u.valToPos(col[i], 'y', true));
+            const px = u.ctx.getImageData(x - 4, y - 4, 9, 9).data; let n = 0;
+            for (let k = 0; k < px.length; k += 4) if (px[k + 3] > 0 && Math.max(px[k], px[k + 1], px[k + 2]) - Math.min(px[k], px[k + 1], px[k + 2]) > 40) n++;
+            return n; }})()""")
+        assert drawn > 3, drawn
+        config = page.evaluate("document.querySelector('#run-config').textContent")
+        assert "learning rate5.00e-4 → 1.00e-4" in config and "forward 1" in config  # the seeded decay, as given
+        # log asked for where values are <= 0: symlog, said so, and still every point; ticks on the axis
+        page.fill("#y-scale", "log")
+        page.wait_for(f"{LOSS}.querySelector('.scale-note').textContent.includes('symlog')")
+        assert chart_points(page, "loss per token") == 6 and int(page.evaluate(f"{LOSS}.dataset.yticks")) >= 3
+        page.fill("#y-scale", "linear")
+        page.wait_for(f"!{LOSS}.querySelector('.scale-note').textContent")
+        csv = page.evaluate(f"{LOSS}.txChart.csv()").splitlines()
+        assert csv[0] == '"step","loss per token raw","loss per token","(forward) raw","(forward)"' and len(csv) == 1 + 6  # steps 1-5 and the forward at 6
+        assert page.evaluate(f"{LOSS}.txChart.png()").startswith("data:image/png;base64,")
+        page.click(f".chart[data-title=\"loss per token\"] button.csv")  # a data: download, nothing off the host
+
+        # hover: the legend reads out the step under the cursor; drag: zoom into steps 1-3
+        box = page.evaluate(f"(() => {{ const r = {LOSS}.txChart.u.over.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; }})()")
+        left, top, width, height = box
+        mouse(page, "mouseMoved", left + width * 0.5, top + height * 0.5)
+        readout = f"{LOSS}.querySelector('.u-legend .u-series .u-value').textContent"
+        page.wait_for(f"!['--', '–', ''].includes({readout})", what="the cursor's readout")
+        mouse(page, "mousePressed", left + width * 0.1, top + height * 0.5, button="left", buttons=1, clickCount=1)
+        mouse(page, "mouseMoved", left + width * 0.6, top + height * 0.5, button="left", buttons=1)
+        mouse(page, "mouseReleased", left + width * 0.6, top + height * 0.5, button="left", buttons=0, clickCount=1)
+        zoomed = page.wait_for(f"(() => {{ const x = {LOSS}.txChart.u.scales.x; return x.max - x.min < 3.5 && [x.min, x.max]; }})()",
+                               what="the drag to zoom in")
+        mouse(page, "mouseMoved", left + width * 0.5, top + height * 0.5)
+        page.screenshot(shots / "run-zoomed.png")
+        # a live update (more steps land): the zoom and the readout stay
+        seed_calls(console_server, run, [("forward_backward", 0.1), ("optim_step", 0.0)])
+        page.wait_for("Number(document.querySelector('.chart[data-title=\"loss per token\"]').dataset.points) === 7",
+                      what="the new step drawn")
+        assert page.evaluate(f"(() => {{ const x = {LOSS}.txChart.u.scales.x; return [x.min, x.max]; }})()") == zoomed
+        assert page.evaluate(readout) not in ("--", "–", "")
+        # double-click: every step again
+        mouse(page, "mousePressed", left + width * 0.5, top + height * 0.5, button="left", buttons=1, clickCount=2)
+        mouse(page, "mouseReleased", left + width * 0.5, top + height * 0.5, button="left", buttons=0, clickCount=2)
+        page.wait_for(f"{LOSS}.txChart.u.scales.x.max - {LOSS}.txChart.u.scales.x.min >= 5", what="the zoom reset")
+
+
+def test_the_runs_list_searches_filters_sorts_and_counts_right(page: Page, console_server: TxServer) -> None:
+    with console_server.client(ALICE) as alice:
+        alice.create_lora_training_client("tiny-qwen3", rank=4).result()  # a second run to sort by
+        fresh = alice.create_lora_training_client("tiny-qwen3", rank=4).result()
+        saved = fresh.save_weights_for_sampler("on-its-page").result().path
+        run = fresh.model_id
+        sign_in(page, console_server, ALICE)
+        row = f"#runs tr[data-run=\"{run}\"]"
+        page.wait_for(f"document.querySelector('{row}')")
+        # created and never trained: idle with 0 steps, not "training"
+        assert page.evaluate(f"document.querySelector('{row} .state').textContent") == "idle"
+        assert page.evaluate(f"document.querySelector('{row} .steps').textContent") == "0"
+        page.fill("#run-search", run)
+        page.wait_for("document.querySelectorAll('#runs tbody tr').length === 1")
+        assert page.evaluate("document.querySelector('#runs tbody tr').dataset.run") == run
+        page.fill("#run-search", "no-such-run-anywhere")
+        page.wait_for("document.querySelector('#runs tbody').textContent.includes('No run matches')")
+        page.fill("#run-search", "")
+        page.fill("#run-state", "corrupted")
+        page.wait_for("document.querySelector('#runs tbody').textContent.includes('No run matches')")
+        page.fill("#run-state", "")
+        page.fill("#run-sort", "run_id:asc")
+        ids = page.evaluate("[...document.querySelectorAll('#runs tbody tr')].map((r) => r.dataset.run)")
+        assert ids == sorted(ids) and len(ids) > 1
+        total = page.evaluate("document.querySelector('#runs-total').textContent")
+        assert total.endswith(" runs") and not total.startswith("1 ")
+        page.goto(f"{console_server.url}/console#/runs/{run}")
+        page.wait_for(f"document.querySelector('#run-checkpoints tr[data-path=\"{saved}\"]')", what="the run's checkpoint on its page")
+        assert page.evaluate("document.querySelector('#run-steps').textContent") == "0 steps"
+
+
+def test_a_dead_server_is_shown_and_the_page_comes_back_with_it(
+        browser: Browser, tmp_path_factory: pytest.TempPathFactory, shots: Path) -> None:
+    server = TxServer(tmp_path_factory.mktemp("tx-dying"), args=["--api-key", ALICE])
+    page = browser.page()
+    with server:
+        with server.client(ALICE) as alice:
+            run = alice.create_lora_training_client("tiny-qwen3", rank=4).result().model_id
+        sign_in(page, server, ALICE)
+        page.goto(f"{server.url}/console#/runs/{run}")
+        page.wait_for("document.body.dataset.ready === 'runs' && document.querySelector('#run-info')")
+        server.stop()
+        page.wait_for("!document.querySelector('#banner').hidden && document.body.classList.contains('stale')",
+                      what="the banner after the server stopped")
+        banner = page.evaluate("document.querySelector('#banner').textContent")
+        assert banner.startswith("Server unreachable since ") and "retrying" in banner, banner
+        page.screenshot(shots / "server-unreachable.png")
+        page.goto(f"{server.url}/console#/checkpoints")  # a page that cannot load: said so, and tried again
+        page.wait_for("document.querySelector('#retrying')", what="a retry offered")
+        server.start()
+        page.wait_for("document.body.dataset.ready === 'checkpoints' && document.querySelector('#checkpoints') && "
+                      "document.querySelector('#banner').hidden && !document.body.classList.contains('stale')",
+                      timeout_s=60, what="the page loaded once the server came back")
+        assert [url for url in page.requests if not url.startswith((server.url, "data:", "about:"))] == []
+        assert page.errors == [], page.errors
+    page.close()
+
+
+@pytest.mark.parametrize("width", [1400, 800, 390])
+def test_every_page_fits_its_width(page: Page, console_server: TxServer, shots: Path, width: int) -> None:
+    with console_server.client(ALICE) as alice:
+        training = alice.create_lora_training_client("tiny-qwen3", rank=4).result()
+        training.forward_backward([sft_datum(list(range(10, 30)))], "cross_entropy").result()
+        training.save_weights_for_sampler("narrow").result()
+        run, session = training.model_id, alice.holder._session_id
+        page.send("Emulation.setDeviceMetricsOverride", width=width, height=900, deviceScaleFactor=1, mobile=False)
+        sign_in(page, console_server, OPERATOR)
+        pages = {"runs": ("#/runs", "#runs tbody tr"), "run": (f"#/runs/{run}", "#charts .chart"),
+                 "checkpoints": ("#/checkpoints", "#checkpoints tbody tr"), "sessions": ("#/sessions", "#sessions tbody tr"),
+                 "session": (f"#/sessions/{session}", "#timeline text.lane"), "engines": ("#/engines", "#usage tbody tr"),
+                 "playground": ("#/playground", "#sample")}
+        for name, (hash_, selector) in pages.items():
+            page.goto(f"{console_server.url}/console{hash_}")
+            page.wait_for(f"document.body.dataset.ready && !!document.querySelector('{selector}')", what=name)
+            time.sleep(0.2)  # charts size themselves to their boxes
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            wide = page.evaluate("[...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > window.innerWidth + 0.5)"
+                                 ".slice(0, 5).map((e) => `${e.tagName}#${e.id}.${e.className} ${Math.round(e.getBoundingClientRect().right)}`)")
+            assert overflow <= 0, f"{name} at {width} px scrolls sideways by {overflow} px: {wide}"
+            page.screenshot(shots / f"{name}-{width}.png")
+        page.goto(f"{console_server.url}/console#/sessions/{session}")
+        page.wait_for("document.querySelector('#timeline text.lane')")
+        assert page.evaluate("document.querySelector('#timeline text.lane').textContent").startswith("run ")

@@ -3,8 +3,11 @@
 // A page's `render(main, ctx, ...args)` fills `main` and may return a function that stops its timers.
 // Once a page has drawn its data, body[data-ready] names it; window.txReadyMs holds the time from the
 // navigation's start to the first page drawn (what the load-time test reads).
+// When the server cannot be reached (or stops taking the key), a banner under the header says so and since
+// when, what the page shows is marked stale (body.stale), and a page that could not load is tried again with
+// backoff (1 s, doubling to 30 s); the pages' own polls resume their live updates once the server answers.
 
-import { api, apiKey, setKey, ApiError } from "./api.js";
+import { api, apiKey, setKey, ApiError, connection } from "./api.js";
 import { h, clear, short } from "./dom.js";
 import * as runs from "./runs.js";
 import * as checkpoints from "./checkpoints.js";
@@ -25,7 +28,22 @@ const ROUTES = [
 const main = document.getElementById("main");
 let stop = null;
 let me = null;
+let retry = null, retryMs = 1000;
 const ME = "tx.console.me";
+const RETRY_MAX_MS = 30000;
+
+function clock(date) { return date.toTimeString().slice(0, 8); }
+
+function showConnection() {
+  const banner = document.getElementById("banner");
+  const down = connection.downSince, refused = connection.refused;
+  document.body.classList.toggle("stale", Boolean(down || refused));
+  banner.hidden = !(down || refused);
+  banner.textContent = down ? `Server unreachable since ${clock(down)}, retrying. What this page shows is from before then.`
+    : refused ? `The server no longer takes this key (${refused}). Sign out and in with a valid key; what this page shows is stale.` : "";
+  if (!down && retry) { clearTimeout(retry); retry = null; retryMs = 1000; route(); }  // back: load the page that failed
+}
+window.addEventListener("tx-connection", showConnection);
 
 export function ready(page) {
   if (window.txReadyMs === undefined) window.txReadyMs = performance.now();
@@ -41,6 +59,7 @@ function signIn(message) {
       "It stays in this browser tab."), input, h("button", { class: "primary", type: "submit" }, "Sign in"), error);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (!input.value.trim()) { error.textContent = "Enter an API key first."; input.focus(); return; }
     sessionStorage.removeItem(ME);
     setKey(input.value.trim());
     await start();
@@ -64,6 +83,7 @@ function shell() {
 async function route() {
   if (!me) return;
   if (stop) { stop(); stop = null; }
+  if (retry) { clearTimeout(retry); retry = null; }
   delete document.body.dataset.ready;
   const hash = location.hash || "#/runs";
   for (const [pattern, page, render] of ROUTES) {
@@ -73,9 +93,15 @@ async function route() {
     clear(main);
     try {
       stop = (await render(main, { me, ready: () => ready(page) }, ...match.slice(1).map(decodeURIComponent))) || null;
+      retryMs = 1000;
     } catch (error) {
       if (error instanceof ApiError && error.status === 401) return signIn("That key was refused: " + error.detail);
       main.append(h("p", { class: "error" }, String(error.message || error)));
+      if (error instanceof ApiError && error.status === 0) {  // unreachable: try this page again, less and less often
+        main.append(h("p", { class: "muted", id: "retrying" }, `Trying again in ${Math.round(retryMs / 1000)} s.`));
+        retry = setTimeout(route, retryMs);
+        retryMs = Math.min(retryMs * 2, RETRY_MAX_MS);
+      }
       ready(page);
     }
     return;
@@ -94,8 +120,8 @@ async function start() {
     try {
       me = await fresh;
     } catch (error) {
-      setKey(null);
-      return signIn(error instanceof ApiError ? `Sign-in failed (${error.status}): ${error.detail}` : String(error));
+      if (!(error instanceof ApiError) || error.status !== 0) setKey(null);  // an unreachable server keeps the key
+      return signIn(error instanceof ApiError ? `Sign-in failed${error.status ? ` (${error.status})` : ""}: ${error.detail}` : String(error));
     }
     sessionStorage.setItem(ME, JSON.stringify(me));
   }

@@ -2,16 +2,16 @@
 // changes go through the SDK's own routes, which only the owner may use.
 
 import { api, checkpointPath } from "./api.js";
-import { h, clear, fmtBytes, ago, short, pill, copy } from "./dom.js";
+import { h, clear, fmtBytes, ago, short, pill, copy, cardLabels } from "./dom.js";
 
 export async function render(main, ctx) {
   const body = h("tbody");
   const total = h("span", { class: "muted" });
   const message = h("p", { class: "error", id: "checkpoint-error" });
-  main.append(h("div", { class: "row" }, h("h1", {}, "Checkpoints"), total), message,
-    h("table", { id: "checkpoints" }, h("thead", {}, h("tr", {}, h("th", {}, "tinker path"), h("th", {}, "kind"),
+  const table = h("table", { id: "checkpoints", class: "cards" }, h("thead", {}, h("tr", {}, h("th", {}, "tinker path"), h("th", {}, "kind"),
       ctx.me.operator ? h("th", {}, "owner") : "", h("th", {}, "saved"), h("th", { class: "num" }, "size"),
-      h("th", {}, "expires"), h("th", {}, "visibility"), h("th", {}, ""))), body));
+      h("th", {}, "expires"), h("th", {}, "visibility"), h("th", {}, ""))), body);
+  main.append(h("div", { class: "row" }, h("h1", {}, "Checkpoints"), total), message, table);
   const act = async (fn) => {
     message.textContent = "";
     try { await fn(); await refresh(); } catch (error) { message.textContent = String(error.message || error); }
@@ -22,6 +22,7 @@ export async function render(main, ctx) {
     clear(body);
     if (!data.checkpoints.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No checkpoints yet.")));
     for (const c of data.checkpoints) body.append(row(c, ctx, act));
+    cardLabels(table);
   }
   await refresh();
   ctx.ready();
@@ -32,7 +33,7 @@ function row(c, ctx, act) {
   const path = checkpointPath(c);
   const copyButton = h("button", { class: "copy", title: "copy the tinker:// path" }, "copy");
   copyButton.addEventListener("click", () => copy(c.tinker_path, copyButton));
-  const actions = h("td", { class: "row" });
+  const actions = h("td", { class: "row actions" });
   const links = h("div", { class: "links" });
   if (mine) {
     if (c.kind !== "external_weights") {
@@ -46,7 +47,7 @@ function row(c, ctx, act) {
           h("div", { class: "muted" }, `links expire ${new Date(data.expires).toLocaleString()}`));
       }) }, "Download links"));
     }
-    const ttl = h("input", { type: "number", min: 1, placeholder: "seconds", class: "ttl", style: "width:90px" });
+    const ttl = h("input", { type: "number", min: 1, placeholder: "seconds", class: "ttl" });
     actions.append(ttl, h("button", { class: "set-ttl", onclick: () => act(() => api(`${path}/ttl`, { method: "PUT", body: { ttl_seconds: ttl.value ? Number(ttl.value) : null } })) }, "Set TTL"));
     const del = h("button", { class: "danger delete" }, "Delete");
     del.addEventListener("click", () => {

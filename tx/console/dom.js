@@ -60,3 +60,12 @@ export async function copy(text, button) {
   button.after(note);
   setTimeout(() => note.remove(), 1500);
 }
+
+// Each body cell labelled with its column's heading (data-label): a narrow page shows a `table.cards` as one
+// card per row, each value beside its heading, instead of a table wider than the screen.
+export function cardLabels(table) {
+  const heads = [...table.querySelectorAll("thead th")].map((th) => th.textContent);
+  for (const tr of table.querySelectorAll("tbody tr")) {
+    [...tr.children].forEach((td, i) => { if (heads[i] && td.colSpan === 1) td.dataset.label = heads[i]; });
+  }
+}

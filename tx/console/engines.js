@@ -3,7 +3,7 @@
 // (GET /tx/usage, tx/core/quotas.py). Refreshed every 2 s.
 
 import { api } from "./api.js";
-import { h, clear, fmtNum, fmtInt, fmtBytes, pill } from "./dom.js";
+import { h, clear, fmtNum, fmtInt, fmtBytes, pill, cardLabels } from "./dom.js";
 
 export async function render(main, ctx) {
   const body = h("div", { id: "engines" });
@@ -22,10 +22,11 @@ export async function render(main, ctx) {
         h("td", { class: "num" }, fmtInt(e.generated_tokens)), h("td", { class: "num" }, e.restarts), h("td", {}, e.transport || "–"),
         h("td", {}, e.device || "–"), h("td", { class: "error" }, e.problem || "")));
       body.append(h("div", { class: "panel" }, h("div", { class: "row" }, h("h2", {}, group.base_model), pill(group.state)),
-        h("table", {}, h("thead", {}, h("tr", {}, ["engine", "state", "pid", "weight versions", "running", "waiting", "tokens/s", "tokens", "restarts", "transport", "device", ""]
+        h("table", { class: "cards" }, h("thead", {}, h("tr", {}, ["engine", "state", "pid", "weight versions", "running", "waiting", "tokens/s", "tokens", "restarts", "transport", "device", ""]
           .map((t, i) => h("th", { class: i >= 4 && i <= 8 ? "num" : "" }, t)))), h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 12, class: "muted" }, "no engines"))))));
     }
     body.append(usagePanel(usage));
+    for (const table of body.querySelectorAll("table.cards")) cardLabels(table);
   }
   await refresh();
   ctx.ready();
@@ -47,6 +48,6 @@ function usagePanel(usage) {
     USAGE.map(([quota]) => cell(key, quota)), h("td", { class: "num" }, fmtInt(key.trained_tokens)), h("td", { class: "num" }, fmtInt(key.sampled_tokens))));
   const heads = ["key (owner id)", ...USAGE.map(([, label]) => label), "trained tokens", "sampled tokens"];
   return h("div", { class: "panel", id: "usage" }, h("h2", {}, "Keys: quota use (used / limit)"),
-    h("table", {}, h("thead", {}, h("tr", {}, heads.map((t, i) => h("th", { class: i ? "num" : "" }, t)))),
+    h("table", { class: "cards" }, h("thead", {}, h("tr", {}, heads.map((t, i) => h("th", { class: i ? "num" : "" }, t)))),
       h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: heads.length, class: "muted" }, "no key holds anything")))));
 }

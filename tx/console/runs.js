@@ -1,28 +1,53 @@
-// Runs: the list (live), one run's curves (live), and several runs overlaid.
+// Runs: the list (live; search, state filter and sort), one run's page (what the server saw of it, its
+// checkpoints, its curves, live), and several runs overlaid.
 
 import { api, enc } from "./api.js";
-import { h, clear, fmtNum, fmtInt, ago, short, pill } from "./dom.js";
-import { lineChart, COLORS } from "./plot.js";
+import { h, clear, fmtNum, fmtInt, fmtBytes, ago, short, pill, cardLabels } from "./dom.js";
+import { ChartGrid, COLORS } from "./plot.js";
 
 const LIST_EVERY_MS = 3000, CURVES_EVERY_MS = 2000;
+const SORTS = [["last_activity:desc", "last activity"], ["created_at:desc", "newest"], ["steps:desc", "most steps"],
+  ["last_loss:asc", "lowest loss"], ["run_id:asc", "run id"]];
+
+export function plural(n, one, many = `${one}s`) { return `${fmtInt(n)} ${n === 1 ? one : many}`; }
+
+// The runs that match `query` (any of id, base model, owner, session, state) and `state`, sorted by `sort`.
+export function pick(runs, query, state, sort) {
+  const words = query.toLowerCase().split(/\s+/).filter(Boolean);
+  const [key, order] = sort.split(":"), sign = order === "desc" ? -1 : 1;
+  const value = (r) => (key === "last_activity" || key === "created_at" ? Date.parse(r[key]) : r[key]);
+  return runs.filter((r) => (!state || r.state === state) &&
+      words.every((w) => [r.run_id, r.base_model, r.owner, r.session_id, r.state].some((f) => f.toLowerCase().includes(w))))
+    .sort((a, b) => {
+      const x = value(a), y = value(b);
+      if (x === null || x === undefined) return 1;
+      if (y === null || y === undefined) return -1;
+      return (x < y ? -1 : x > y ? 1 : 0) * sign;
+    });
+}
 
 export async function render(main, ctx) {
   const selected = new Set();
   const compare = h("button", { id: "compare", disabled: true, onclick: () => { location.hash = `#/compare/${[...selected].map(enc).join(",")}`; } }, "Compare selected");
   const body = h("tbody");
-  const total = h("span", { class: "muted" });
-  main.append(h("div", { class: "row" }, h("h1", {}, "Training runs"), total, compare),
-    h("table", { id: "runs" }, h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "run"), h("th", {}, "base model"),
-      h("th", { class: "num" }, "rank"), ctx.me.operator ? h("th", {}, "owner") : "", h("th", {}, "state"),
-      h("th", { class: "num" }, "steps"), h("th", { class: "num" }, "tokens"), h("th", { class: "num" }, "loss/token"),
-      h("th", {}, "last activity"))), body));
-  async function refresh() {
-    const data = await api("/console/runs?limit=200");
-    total.textContent = `${data.total} run${data.total === 1 ? "" : "s"}`;
+  const total = h("span", { class: "muted", id: "runs-total" });
+  let runs = [];
+  const search = h("input", { type: "search", id: "run-search", placeholder: "search id, model, owner, state…", oninput: () => draw() });
+  const state = h("select", { id: "run-state", onchange: () => draw() }, h("option", { value: "" }, "any state"),
+    ["training", "idle", "unloaded", "corrupted"].map((s) => h("option", { value: s }, s)));
+  const sort = h("select", { id: "run-sort", onchange: () => draw() }, SORTS.map(([v, label]) => h("option", { value: v }, `sort: ${label}`)));
+  const table = h("table", { id: "runs", class: "cards" }, h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "run"), h("th", {}, "base model"),
+    h("th", { class: "num" }, "rank"), ctx.me.operator ? h("th", {}, "owner") : "", h("th", {}, "state"),
+    h("th", { class: "num" }, "steps"), h("th", { class: "num" }, "tokens"), h("th", { class: "num" }, "loss/token"),
+    h("th", {}, "last activity"))), body);
+  main.append(h("div", { class: "row" }, h("h1", {}, "Training runs"), total, compare), h("div", { class: "row filters" }, search, state, sort), table);
+  function draw() {
+    const shown = pick(runs, search.value, state.value, sort.value);
     clear(body);
-    if (!data.runs.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No runs yet: create one with the tinker SDK.")));
-    for (const run of data.runs) {
-      const box = h("input", { type: "checkbox", checked: selected.has(run.run_id), onchange: (e) => {
+    if (!runs.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No runs yet: create one with the tinker SDK.")));
+    else if (!shown.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No run matches.")));
+    for (const run of shown) {
+      const box = h("input", { type: "checkbox", checked: selected.has(run.run_id), title: "select to compare", onchange: (e) => {
         if (e.target.checked) selected.add(run.run_id); else selected.delete(run.run_id);
         compare.disabled = selected.size < 2;
       } });
@@ -30,9 +55,16 @@ export async function render(main, ctx) {
         h("td", { class: "mono" }, h("a", { href: `#/runs/${enc(run.run_id)}` }, run.run_id)),
         h("td", {}, run.base_model), h("td", { class: "num" }, run.lora_rank),
         ctx.me.operator ? h("td", { class: "mono", title: run.owner }, short(run.owner, 8)) : "",
-        h("td", {}, pill(run.state)), h("td", { class: "num steps" }, fmtInt(run.steps)), h("td", { class: "num" }, fmtInt(run.tokens)),
-        h("td", { class: "num" }, fmtNum(run.last_loss)), h("td", { title: run.last_activity }, ago(run.last_activity))));
+        h("td", { class: "state" }, pill(run.state)), h("td", { class: "num steps" }, fmtInt(run.steps)), h("td", { class: "num" }, fmtInt(run.tokens)),
+        h("td", { class: "num loss" }, fmtNum(run.last_loss)), h("td", { title: run.last_activity }, ago(run.last_activity))));
     }
+    cardLabels(table);
+  }
+  async function refresh() {
+    const data = await api("/console/runs?limit=200");
+    runs = data.runs;
+    total.textContent = data.total > runs.length ? `${plural(data.total, "run")} (the ${runs.length} most recently active here)` : plural(data.total, "run");
+    draw();
   }
   await refresh();
   ctx.ready();
@@ -80,8 +112,9 @@ export function seriesOf(points, xMode) {
       s.evalLoss += m.loss_sum ?? 0; s.evalWeight += m.loss_weight ?? 0;
     } else {
       if ("grad_norm" in m) s.gradNorm = m.grad_norm;
-      if ("learning_rate" in m) s.lr = m.learning_rate;
-      for (const [k, v] of Object.entries(m)) if (k !== "grad_norm" && k !== "learning_rate") s.other[k] = v;
+      const lr = m.learning_rate ?? m["learning_rate:mean"];
+      if (lr !== undefined) s.lr = lr;
+      for (const [k, v] of Object.entries(m)) if (k !== "grad_norm" && k !== "learning_rate" && k !== "learning_rate:mean") s.other[k] = v;
     }
   }
   const out = { loss: [], evalLoss: [], gradNorm: [], lr: [], tokensPerS: [], stepTime: [], wall: [], rl: {}, other: {} };
@@ -106,13 +139,13 @@ const RL_CHARTS = [["ratio_mean", "importance ratio exp(logp − q)", "ratio"], 
   ["clip_fraction", "clipped share", "fraction"], ["advantage_abs_mean", "mean |advantage|", "advantage"]];
 
 function charts(runs, opts) {
-  // runs: [{name, series}] -> chart elements, one series per run on each chart
+  // runs: [{name, series}] -> chart specs, one series per run on each chart
   const xLabel = opts.x === "time" ? "minutes since the first call" : "step";
   const many = runs.length > 1;
-  const make = (title, unit, pick, log = false) => lineChart({ title, unit, xLabel, log, smoothing: opts.smoothing,
+  const make = (title, unit, pick) => ({ title, unit, xLabel, scale: opts.scale, smoothing: opts.smoothing,
     series: runs.flatMap((r, i) => pick(r.series).map(([suffix, points]) => ({ name: many ? `${r.name}${suffix}` : (suffix.trim() || title), color: COLORS[(i * 2 + (suffix ? 1 : 0)) % COLORS.length], points }))) });
   const out = [
-    make("loss per token", "nats/token", (s) => [["", s.loss], ...(s.evalLoss.length ? [[" (forward)", s.evalLoss]] : [])], opts.log),
+    make("loss per token", "nats/token", (s) => [["", s.loss], ...(s.evalLoss.length ? [[" (forward)", s.evalLoss]] : [])]),
     make("grad norm", "L2, before clipping", (s) => [["", s.gradNorm]]),
     make("learning rate", "per step", (s) => [["", s.lr]]),
     make("training throughput", "tokens/s on the trainer", (s) => [["", s.tokensPerS]]),
@@ -131,43 +164,97 @@ function controls(opts, redraw) {
   const smoothing = h("input", { type: "range", min: 0, max: 0.99, step: 0.01, value: opts.smoothing, id: "smoothing" });
   const value = h("span", { class: "mono" }, opts.smoothing.toFixed(2));
   smoothing.addEventListener("input", () => { opts.smoothing = Number(smoothing.value); value.textContent = opts.smoothing.toFixed(2); redraw(); });
-  const log = h("input", { type: "checkbox", checked: opts.log, id: "log-loss", onchange: (e) => { opts.log = e.target.checked; redraw(); } });
+  const scale = h("select", { id: "y-scale", onchange: (e) => { opts.scale = e.target.value; redraw(); } },
+    [["linear", "linear"], ["log", "log (symlog where values ≤ 0)"], ["symlog", "symlog"]].map(([v, label]) => h("option", { value: v, selected: v === opts.scale }, label)));
   const x = h("select", { id: "x-axis", onchange: (e) => { opts.x = e.target.value; redraw(); } }, h("option", { value: "step" }, "step"), h("option", { value: "time" }, "time"));
-  return h("div", { class: "row panel" }, h("label", {}, "smoothing ", smoothing, " ", value), h("label", {}, log, " log scale for loss"), h("label", {}, "x axis ", x));
+  return h("div", { class: "row panel controls" }, h("label", {}, "smoothing ", smoothing, " ", value), h("label", {}, "y scale ", scale), h("label", {}, "x axis ", x),
+    h("span", { class: "muted hint" }, "drag: zoom · shift-drag: pan · wheel: zoom · double-click: all"));
+}
+
+// What the server saw of the run: its model and LoRA, its calls by kind, the learning rates its optim_step
+// calls were given (first, last, range).
+export function configOf(run, points) {
+  const calls = {};
+  const lrs = [];
+  for (const p of points) {
+    calls[p.kind] = (calls[p.kind] || 0) + 1;
+    const lr = p.metrics.learning_rate ?? p.metrics["learning_rate:mean"];
+    if (p.kind === "optim_step" && lr !== undefined) lrs.push(lr);
+  }
+  let schedule = "no optimizer step yet";
+  if (lrs.length) {
+    const lo = Math.min(...lrs), hi = Math.max(...lrs);
+    schedule = lo === hi ? `${fmtNum(lo)} (constant)` : `${fmtNum(lrs[0])} → ${fmtNum(lrs[lrs.length - 1])} (range ${fmtNum(lo)}–${fmtNum(hi)})`;
+  }
+  return [["base model", run.base_model], ["LoRA rank", String(run.lora_rank)], ["learning rate", schedule],
+    ["calls recorded", Object.entries(calls).map(([k, n]) => `${k} ${fmtInt(n)}`).join(", ") || "none"],
+    ["created", new Date(run.created_at).toLocaleString()], ["session", run.session_id]];
+}
+
+function runCheckpoints(list) {
+  const body = h("tbody");
+  for (const c of list) {
+    body.append(h("tr", { dataset: { path: c.tinker_path } }, h("td", { class: "mono" }, c.tinker_path), h("td", {}, c.kind),
+      h("td", { title: c.created_at }, ago(c.created_at)), h("td", { class: "num" }, fmtBytes(c.size_bytes)),
+      h("td", {}, c.public ? pill("public") : pill("private", ""))));
+  }
+  if (!list.length) body.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No checkpoints saved by this run.")));
+  const table = h("table", { id: "run-checkpoints", class: "cards" }, h("thead", {}, h("tr", {}, ["tinker path", "kind", "saved", "size", "visibility"]
+    .map((t) => h("th", { class: t === "size" ? "num" : "" }, t)))), body);
+  cardLabels(table);
+  return table;
 }
 
 export async function renderRun(main, ctx, runId) {
   const curves = new Curves(runId);
-  await curves.poll();
-  const opts = { smoothing: 0.6, log: true, x: "step" };
-  const info = h("div", { class: "panel mono", id: "run-info" });
+  const checkpointsOf = () => api(`/console/checkpoints?run_id=${enc(runId)}&limit=200`);
+  let [, saved] = await Promise.all([curves.poll(), checkpointsOf()]);
+  const opts = { smoothing: 0.6, scale: "linear", x: "step" };
+  const info = h("div", { class: "panel", id: "run-info" });
+  const config = h("dl", { class: "panel config", id: "run-config" });
+  const checkpoints = h("div", { id: "run-checkpoints-box" });
   const grid = h("div", { class: "grid", id: "charts" });
-  const redraw = () => {
+  const charts_ = new ChartGrid(grid);
+  const drawInfo = () => {
     const r = curves.run;
-    clear(info).append(h("div", { class: "row" }, h("strong", {}, r.run_id), pill(r.state), h("span", {}, r.base_model),
-      h("span", {}, `rank ${r.lora_rank}`), h("span", { id: "run-steps" }, `${fmtInt(r.steps)} steps`), h("span", {}, `${fmtInt(r.tokens)} tokens`),
-      h("span", { class: "muted" }, `session ${short(r.session_id, 12)}`), h("a", { href: `#/sessions/${enc(r.session_id)}` }, "timeline")));
-    clear(grid).append(...charts([{ name: runId, series: seriesOf(curves.points, opts.x) }], opts));
+    clear(info).append(h("div", { class: "row" }, h("strong", { class: "mono" }, r.run_id), pill(r.state), h("span", {}, r.base_model),
+      h("span", {}, `rank ${r.lora_rank}`), h("span", { id: "run-steps" }, plural(r.steps, "step")), h("span", {}, plural(r.tokens, "token")),
+      h("span", { class: "muted mono" }, `session ${short(r.session_id, 12)}`), h("a", { href: `#/sessions/${enc(r.session_id)}` }, "timeline")));
+    clear(config).append(...configOf(r, curves.points).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+    clear(checkpoints).append(h("h2", {}, `Checkpoints (${saved.total})`), runCheckpoints(saved.checkpoints));
+  };
+  const redraw = () => {
+    charts_.update(charts([{ name: runId, series: seriesOf(curves.points, opts.x) }], opts));
     grid.dataset.calls = String(curves.points.length);
   };
-  main.append(h("h1", {}, "Run"), info, controls(opts, redraw), grid);
+  main.append(h("h1", {}, "Run"), info, config, checkpoints, controls(opts, redraw), grid);
+  drawInfo();
   redraw();
   ctx.ready();
-  const timer = setInterval(async () => { try { if (await curves.poll()) redraw(); } catch { /* next time */ } }, CURVES_EVERY_MS);
-  return () => clearInterval(timer);
+  let ticks = 0;
+  const timer = setInterval(async () => {
+    try {
+      const grew = await curves.poll();
+      if (++ticks % 3 === 0) saved = await checkpointsOf();
+      drawInfo();
+      if (grew) redraw();
+    } catch { /* the banner says why; next time */ }
+  }, CURVES_EVERY_MS);
+  return () => { clearInterval(timer); charts_.destroy(); };
 }
 
 export async function renderCompare(main, ctx, ids) {
   const all = ids.split(",").map((id) => new Curves(id));
   await Promise.all(all.map((c) => c.poll()));
-  const opts = { smoothing: 0.6, log: true, x: "step" };
+  const opts = { smoothing: 0.6, scale: "linear", x: "step" };
   const grid = h("div", { class: "grid", id: "charts" });
-  const redraw = () => clear(grid).append(...charts(all.map((c) => ({ name: short(c.runId, 24), series: seriesOf(c.points, opts.x) })), opts));
-  main.append(h("h1", {}, `Comparing ${all.length} runs`), controls(opts, redraw), grid);
+  const charts_ = new ChartGrid(grid);
+  const redraw = () => charts_.update(charts(all.map((c) => ({ name: short(c.runId, 24), series: seriesOf(c.points, opts.x) })), opts));
+  main.append(h("h1", {}, `Comparing ${plural(all.length, "run")}`), controls(opts, redraw), grid);
   redraw();
   ctx.ready();
   const timer = setInterval(async () => {
     try { if ((await Promise.all(all.map((c) => c.poll()))).some(Boolean)) redraw(); } catch { /* next time */ }
   }, CURVES_EVERY_MS);
-  return () => clearInterval(timer);
+  return () => { clearInterval(timer); charts_.destroy(); };
 }

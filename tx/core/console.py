@@ -22,7 +22,7 @@ from tx.store.store import Store
 from tx.store.tables import SessionRow, TrainingRunRow
 from tx.types import LoraConfig
 
-ACTIVE_S = 60.0  # a loaded run that did something this recently is "training", else "idle"
+ACTIVE_S = 60.0  # a loaded run with calls queued, or one finished this recently, is "training", else "idle"
 MAX_POINTS = 20_000  # rows of one metrics read (a run keeps at most about this many)
 
 
@@ -84,9 +84,10 @@ class ConsoleViews:
         self._store.overview.run(scope, run_id)
         return self._store.metrics.since(run_id, after_seq, min(limit, MAX_POINTS))
 
-    def checkpoints(self, scope: Scope, limit: int, offset: int) -> tuple[list[tuple[CheckpointView, str]], int]:
-        """(checkpoint, its owner) in scope, newest first."""
-        rows, total = self._store.overview.checkpoints(scope, limit, offset)
+    def checkpoints(self, scope: Scope, limit: int, offset: int,
+                    run_id: str | None = None) -> tuple[list[tuple[CheckpointView, str]], int]:
+        """(checkpoint, its owner) in scope (of one run, given `run_id`), newest first."""
+        rows, total = self._store.overview.checkpoints(scope, limit, offset, run_id)
         return [(CheckpointView.of(row), row.owner) for row in rows], total
 
     def sessions(self, scope: Scope, limit: int, offset: int) -> tuple[list[SessionSummary], int]:
@@ -104,12 +105,13 @@ class ConsoleViews:
         if totals is not None:
             last = max(last, datetime.fromtimestamp(totals.last_finished, timezone.utc))
         queued = self._scheduler.queue_depth(row.run_id)
+        trained_lately = totals is not None and time.time() - totals.last_finished < ACTIVE_S
         if row.corrupted:
             state = "corrupted"
         elif not self._scheduler.has_model(row.run_id):
             state = "unloaded"
-        else:
-            state = "training" if queued or time.time() - last.timestamp() < ACTIVE_S else "idle"
+        else:  # a run that has only been created (no call recorded) is idle, not training
+            state = "training" if queued or trained_lately else "idle"
         return RunSummary(
             run_id=row.run_id, session_id=row.session_id, owner=row.owner, base_model=row.base_model,
             lora=lora_of(row), created_at=_utc(row.created_at), last_activity=last, state=state, queued=queued,

@@ -36,7 +36,7 @@ class RunTotals:
     """A run's newest recorded call: how far it got."""
 
     calls: int  # seq of the newest row
-    steps: int
+    steps: int  # optimizer steps done (a forward or forward_backward after the last one is not a step yet)
     total_tokens: int
     last_finished: float
     rows: int
@@ -67,7 +67,8 @@ class RunMetricsTable:
         query = (select(RunMetricRow, latest.c.rows)
                  .join(latest, (RunMetricRow.run_id == latest.c.run_id) & (RunMetricRow.seq == latest.c.seq)))
         with self._sessions.begin() as db:
-            return {row.run_id: RunTotals(row.seq, row.step, row.total_tokens, row.finished, int(rows))
+            return {row.run_id: RunTotals(row.seq, row.step if row.kind == "optim_step" else row.step - 1,
+                                          row.total_tokens, row.finished, int(rows))
                     for row, rows in db.execute(query)}
 
     def last_values(self, run_ids: list[str], kind: str, name: str) -> dict[str, float]:

@@ -47,10 +47,13 @@ class Overview:
                 raise NotFoundError(f"training run {run_id!r} not found")
             return row
 
-    def checkpoints(self, scope: Scope, limit: int, offset: int) -> tuple[list[CheckpointRow], int]:
-        """Unexpired checkpoints in scope, newest first, and their total."""
+    def checkpoints(self, scope: Scope, limit: int, offset: int,
+                    run_id: str | None = None) -> tuple[list[CheckpointRow], int]:
+        """Unexpired checkpoints in scope (of one run, given `run_id`), newest first, and their total."""
         now = datetime.now(timezone.utc)
         query = select(CheckpointRow).where(or_(CheckpointRow.expires_at.is_(None), CheckpointRow.expires_at > now))
+        if run_id is not None:
+            query = query.where(CheckpointRow.run_id == run_id)
         if not scope.everyone:
             query = query.where(CheckpointRow.owner == scope.owner)
         with self._sessions.begin() as db:

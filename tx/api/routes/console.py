@@ -71,9 +71,11 @@ async def run_metrics(run_id: str, request: Request, ctx: Ctx, caller: Caller,
 
 
 @router.get("/checkpoints")
-async def checkpoints(request: Request, ctx: Ctx, caller: Caller, limit: int = Limit,
-                      offset: int = Offset) -> ConsoleCheckpoints:
-    found, total = await asyncio.to_thread(ctx.console.checkpoints, scope_of(request, caller.owner), limit, offset)
+async def checkpoints(request: Request, ctx: Ctx, caller: Caller, limit: int = Limit, offset: int = Offset,
+                      run_id: str | None = Query(None, max_length=200,
+                                                 description="only this run's checkpoints")) -> ConsoleCheckpoints:
+    found, total = await asyncio.to_thread(ctx.console.checkpoints, scope_of(request, caller.owner), limit, offset,
+                                           run_id)
     return ConsoleCheckpoints(checkpoints=[_checkpoint(view, owner) for view, owner in found], total=total)
 
 

@@ -25,9 +25,10 @@ class ConsoleRun(WireResponse):
     lora_rank: int
     created_at: datetime
     last_activity: datetime
-    state: str = Field(description="training | idle (loaded, quiet for a minute) | unloaded | corrupted")
+    state: str = Field(description="training (calls queued, or one finished in the last minute) | idle (loaded, "
+                                   "no call yet or none lately) | unloaded | corrupted")
     queued: int = Field(description="calls waiting on the training thread")
-    steps: int = Field(description="optimizer steps recorded")
+    steps: int = Field(description="optimizer steps recorded (forward calls after the last one are not a step)")
     tokens: int = Field(description="target tokens trained on (forward_backward)")
     last_loss: float | None = Field(description="loss per token of the newest forward_backward")
 
