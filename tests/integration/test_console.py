@@ -308,7 +308,7 @@ def test_charts_draw_every_point_negative_and_single_and_keep_zoom_and_readout_a
         csv = page.evaluate(f"{LOSS}.txChart.csv()").splitlines()
         assert csv[0] == '"step","loss per token raw","loss per token","(forward) raw","(forward)"' and len(csv) == 1 + 6  # steps 1-5 and the forward at 6
         assert page.evaluate(f"{LOSS}.txChart.png()").startswith("data:image/png;base64,")
-        page.click(f".chart[data-title=\"loss per token\"] button.csv")  # a data: download, nothing off the host
+        page.click(".chart[data-title=\"loss per token\"] button.csv")  # a data: download, nothing off the host
 
         # hover: the legend reads out the step under the cursor; drag: zoom into steps 1-3
         box = page.evaluate(f"(() => {{ const r = {LOSS}.txChart.u.over.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; }})()")
@@ -418,3 +418,26 @@ def test_every_page_fits_its_width(page: Page, console_server: TxServer, shots: 
         page.goto(f"{console_server.url}/console#/sessions/{session}")
         page.wait_for("document.querySelector('#timeline text.lane')")
         assert page.evaluate("document.querySelector('#timeline text.lane').textContent").startswith("run ")
+
+
+def test_small_points_an_empty_key_a_readable_refusal_and_lanes_in_number_order(
+        page: Page, console_server: TxServer) -> None:
+    page.goto(f"{console_server.url}/console#/runs")
+    page.wait_for("document.querySelector('#api-key') || document.body.dataset.ready === 'runs'")
+    if page.evaluate("!!document.querySelector('#sign-out')"):
+        page.click("#sign-out")
+    page.wait_for("!!document.querySelector('#api-key')")
+    page.fill("#api-key", "   ")
+    page.click("#signin button[type=submit]")
+    page.wait_for("document.querySelector('#signin-error').textContent.includes('Enter an API key')", what="the empty key refused")
+    sign_in(page, console_server, ALICE)
+    page.goto(f"{console_server.url}/console#/playground")
+    page.wait_for("document.body.dataset.ready === 'playground'")
+    page.fill("#max-tokens", "0")
+    page.click("#sample")
+    error = page.wait_for("document.querySelector('#playground-error').textContent", what="the refusal")
+    assert error.startswith("422: max_tokens: ") and "{" not in error, error  # field: message, not raw JSON
+    order = page.evaluate("(async () => { const m = await import(document.querySelector('script[type=module]').src.replace('app.js', 'sessions.js'));"
+                          " const t = ['s:sample:10', 'oai', 's:sample:2', 's:train:1', 's:train:0'].sort(m.laneOrder);"
+                          " return t.map((x) => m.lane(x).label); })()")
+    assert order == ["run 0", "run 1", "sampler 2", "sampler 10", "OpenAI-compatible"]
