@@ -148,3 +148,19 @@ def test_columns_added_by_newer_tx_are_added_to_an_old_database(tmp_path) -> Non
     store.update_checkpoint(run_id, "weights/x", "alice", public=True)
     assert store.get_checkpoint(run_id, "weights/x", "zed", public_ok=True).public
     store.close()
+
+
+def test_a_runs_metrics_read_back_decoded_in_order(store: Store) -> None:
+    """The console's curves: `since` reads the metrics as text and decodes them all at once (on SQLite and
+    PostgreSQL alike), each row its own dict."""
+    from tx.store.tables import RunMetricRow
+
+    run_id = _run(store, _session(store))
+    rows = [RunMetricRow(run_id=run_id, seq=i, step=i, kind="forward_backward", finished=float(i), seconds=0.5,
+                         tokens=10, total_tokens=10 * i, metrics={"loss:sum": 1.0 / i, "note": i})
+            for i in range(1, 6)]
+    store.metrics.add(rows)
+    points = store.metrics.since(run_id, 2, 10)
+    assert [p.seq for p in points] == [3, 4, 5]
+    assert [p.metrics for p in points] == [{"loss:sum": 1.0 / i, "note": i} for i in (3, 4, 5)]
+    assert points[0][:7] == (3, 3, "forward_backward", 3.0, 0.5, 10, 30)
