@@ -7,8 +7,9 @@ asked for until it is unloaded (or its creation failed)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from tx.backends.base import TrainingBackend
@@ -23,9 +24,23 @@ from tx.core.sessions import live_session
 from tx.optimizers import ADAMW, OptimizerConfig
 from tx.store.store import Store
 from tx.store.tables import TrainingRunRow
-from tx.types import LoraConfig, UserError, model_id_for
+from tx.types import ConflictError, LoraConfig, UserError, model_id_for
 
 T = TypeVar("T")
+
+
+@dataclass
+class Hold:
+    """A run counted against its key's quotas, from the call that makes it until it is unloaded or that call
+    fails having loaded nothing (`future`: that call's, None once the run is loaded)."""
+
+    owner: str
+    rank: int
+    future: Future | None = None
+
+    def abandoned(self) -> bool:
+        """The call was cancelled (or failed) before it started: nothing was ever loaded for it."""
+        return self.future is not None and self.future.done and self.future.started_at is None
 
 
 class RunService:
@@ -38,7 +53,7 @@ class RunService:
         self.catalog = catalog
         self.base_models = base_models
         self.limits = limits or QuotaLimits()
-        self._held: dict[str, tuple[str, int]] = {}  # model_id -> (owner, LoRA rank), loaded or being loaded
+        self._held: dict[str, Hold] = {}  # model_id -> its hold, loaded or being loaded
         self._lock = threading.Lock()
 
     def create(self, owner: str, session_id: str, model_seq_id: int, base_model: str, lora: LoraConfig,
@@ -51,10 +66,12 @@ class RunService:
 
         def run() -> ModelCreated:
             self.backend.create_model(model_id, base_model, lora, optimizer)
-            self._record(model_id, session_id, owner, base_model, lora, user_metadata, optimizer)
+            with self._unloaded_if_failing(model_id):
+                self._record(model_id, session_id, owner, base_model, lora, user_metadata, optimizer)
             return ModelCreated(model_id)
 
-        return self._start(owner, session_id, model_id, "CreateModel", run, lambda: lora.rank)
+        return self._start(owner, session_id, model_id, "CreateModel", run, lambda: lora.rank,
+                           lambda: ModelCreated(model_id))
 
     def create_from_checkpoint(self, owner: str, session_id: str, model_seq_id: int, path: str,
                                with_optimizer: bool, optimizer: OptimizerConfig | None = None) -> Future:
@@ -74,63 +91,101 @@ class RunService:
                 raise UserError(f"{source} holds {saved.kind} state: a run resumed with it trains with {saved.kind}")
             kind = saved if with_optimizer else optimizer or ADAMW
             self.backend.create_model(model_id, base_model, lora, kind)
-            self.backend.load_state(model_id, directory, with_optimizer=with_optimizer)
-            self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata, kind,
-                         str(source))
+            with self._unloaded_if_failing(model_id):
+                self.backend.load_state(model_id, directory, with_optimizer=with_optimizer)
+                self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata, kind,
+                             str(source))
             return WeightsLoaded(path=str(source), model_id=model_id)
 
         def rank() -> int:  # read at submission, for the key's quota
             return self.backend.read_state_config(self.catalog.files.require(source))[1].rank
 
-        return self._start(owner, session_id, model_id, "LoadWeights", run, rank)
+        return self._start(owner, session_id, model_id, "LoadWeights", run, rank,
+                           lambda: WeightsLoaded(path=str(source), model_id=model_id))
 
     def _start(self, owner: str, session_id: str, model_id: str, kind: str, run: Callable[[], Any],
-               rank: Callable[[], int]) -> Future:
-        """The future of the call that makes run `model_id` (a resend gets the same one), its job queued once
-        the run fits the key's quotas (QuotaExceededError otherwise, before anything is queued)."""
+               rank: Callable[[], int], repeated: Callable[[], Any]) -> Future:
+        """The future of the call that makes run `model_id`, its job queued once the run fits the key's quotas
+        (QuotaExceededError otherwise, before anything is queued). A resend gets the first call's future while it
+        is held, and once it was forgotten, a future answered with `repeated()` if the run is the caller's and
+        loaded: a repeat never loads a second adapter nor touches the hold. A run id that exists otherwise (a copy
+        made into that slot, another key's) is a ConflictError."""
         resent = self.futures.find(("model", model_id))
         if resent is not None:
             return resent
-        self._hold(owner, model_id, rank())
+        with self._lock:
+            self._drop_abandoned()
+            held = self._held.get(model_id)
+        if held is not None and held.owner == owner and held.future is None:
+            future, _ = self.futures.create(owner, kind, session_id=session_id, track=model_id)
+            self.futures.resolve(future, repeated())
+            return future
+        if held is not None or model_id in self.store.runs_of_session(session_id):
+            raise ConflictError(f"training run {model_id!r} already exists; create the run under an unused "
+                                "model_seq_id")
+        hold = self._hold(owner, model_id, rank())
         future, created = self.futures.create(owner, kind, ("model", model_id), session_id=session_id,
                                               track=model_id)
+        hold.future = future
         if created:
             self.scheduler.add_model(model_id, tenant=owner)
-            self.scheduler.submit_unsequenced(Job(future, self._releasing(model_id, run)))
+            self.scheduler.submit_unsequenced(Job(future, self._holding(model_id, hold, run)))
         return future
 
     def usage(self) -> dict[str, tuple[int, int]]:
         """{owner: (runs held, their LoRA ranks summed)}."""
         with self._lock:
+            self._drop_abandoned()
             held: dict[str, tuple[int, int]] = {}
-            for owner, rank in self._held.values():
-                runs, ranks = held.get(owner, (0, 0))
-                held[owner] = (runs + 1, ranks + rank)
+            for hold in self._held.values():
+                runs, ranks = held.get(hold.owner, (0, 0))
+                held[hold.owner] = (runs + 1, ranks + hold.rank)
             return held
 
-    def _hold(self, owner: str, model_id: str, rank: int) -> None:
+    def _hold(self, owner: str, model_id: str, rank: int) -> Hold:
         """Count the run against its key's quotas; QuotaExceededError past them (before anything is queued)."""
         with self._lock:
-            mine = [held_rank for held_by, held_rank in self._held.values() if held_by == owner]
+            self._drop_abandoned()
+            mine = [hold.rank for hold in self._held.values() if hold.owner == owner]
             quotas.check("runs", len(mine), 1, self.limits.runs)
             quotas.check("lora_rank", sum(mine), rank, self.limits.lora_rank)
-            self._held[model_id] = (owner, rank)
+            hold = self._held[model_id] = Hold(owner, rank)
+            return hold
 
-    def _release(self, model_id: str) -> None:
+    def _drop_abandoned(self) -> None:
+        """Holds whose call was cancelled while queued: its job never ran, so nothing released them (lock held)."""
+        for model_id in [m for m, hold in self._held.items() if hold.abandoned()]:
+            del self._held[model_id]
+
+    def _release(self, model_id: str, hold: Hold | None = None) -> None:
+        """Drop the run's hold (only `hold` itself, when given: never another call's)."""
         with self._lock:
-            self._held.pop(model_id, None)
+            if hold is None or self._held.get(model_id) is hold:
+                self._held.pop(model_id, None)
 
-    def _releasing(self, model_id: str, run: Callable[[], T]) -> Callable[[], T]:
-        """`run`, releasing the run's quota if it fails (nothing was loaded)."""
+    def _holding(self, model_id: str, hold: Hold, run: Callable[[], T]) -> Callable[[], T]:
+        """`run` under its hold: kept once the run is loaded, released if `run` fails (having loaded nothing:
+        the run functions unload what they loaded before raising)."""
 
         def guarded() -> T:
             try:
-                return run()
+                result = run()
             except BaseException:
-                self._release(model_id)
+                self._release(model_id, hold)
                 raise
+            hold.future = None
+            return result
 
         return guarded
+
+    @contextmanager
+    def _unloaded_if_failing(self, model_id: str) -> Iterator[None]:
+        """Undo `create_model` when what follows it fails, so a failed call leaves nothing loaded."""
+        try:
+            yield
+        except BaseException:
+            self.backend.delete_model(model_id)
+            raise
 
     def forget_session(self, owner: str, session_id: str) -> None:
         """The session ended: its runs' models leave the trainer (their rows and checkpoints stay)."""
