@@ -1,4 +1,5 @@
-"""The `tx` command: `tx serve`, `tx engine serve`, `tx models make-tiny`, `tx checkpoints export`."""
+"""The `tx` command: `tx serve`, `tx engine serve`, `tx models make-tiny`, `tx checkpoints export`, and the
+`tx checkpoints` commands that talk to a running server (`import`, `merge`, `prune`: `client_commands.py`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
@@ -184,6 +186,10 @@ def _checkpoints_parser(sub: argparse._SubParsersAction) -> None:
     _prune_parser(commands)
 
 
+def _url_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
+
+
 def _import_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
         "import", help="bring a PEFT LoRA adapter trained elsewhere into a server as a tinker:// checkpoint of yours",
@@ -195,7 +201,7 @@ def _import_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--base-model", required=True, help="the served base model it was trained on")
     p.add_argument("--name", help="the checkpoint's name (default: the directory's name)")
     p.add_argument("--project-id", help="the project of the session that will hold it")
-    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
+    _url_argument(p)
 
 
 def _merge_parser(commands: argparse._SubParsersAction) -> None:
@@ -208,7 +214,7 @@ def _merge_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="tinker://<run>/<kind>/<name>")
     p.add_argument("--name", required=True, help="the merged model's checkpoint name")
     p.add_argument("--ttl-s", type=int, help="expire it this many seconds from now (default: never)")
-    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
+    _url_argument(p)
 
 
 def _prune_parser(commands: argparse._SubParsersAction) -> None:
@@ -222,7 +228,7 @@ def _prune_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", action="append", dest="kinds", choices=("weights", "sampler_weights", "external_weights"),
                    help="only checkpoints of this kind; repeatable")
     p.add_argument("--yes", action="store_true", help="delete without asking")
-    p.add_argument("--url", help="the server (default: $TINKER_BASE_URL, else http://127.0.0.1:8000)")
+    _url_argument(p)
 
 
 def _engine_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -423,45 +429,41 @@ def export_checkpoint(args: argparse.Namespace) -> int:
 
 
 def import_checkpoint(args: argparse.Namespace) -> int:
-    import httpx
-
     from tx.client_commands import import_adapter
-    from tx.types import UserError
 
-    try:
-        print(import_adapter(args.directory, args.base_model, args.name, args.project_id, args.url))
-    except (UserError, OSError, httpx.HTTPError) as exc:
-        print(f"tx checkpoints import: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return _on_server("import", lambda: print(import_adapter(args.directory, args.base_model, args.name,
+                                                               args.project_id, args.url)))
 
 
 def merge_checkpoint(args: argparse.Namespace) -> int:
-    import httpx
-
     from tx.client_commands import merge_checkpoint as merge_on_server
-    from tx.types import UserError
 
-    try:
+    def merge() -> None:
         path, size = merge_on_server(args.path, args.name, args.ttl_s, args.url)
-    except (UserError, OSError, httpx.HTTPError) as exc:
-        print(f"tx checkpoints merge: {exc}", file=sys.stderr)
-        return 2
-    print(path)
-    print(f"({size / 2**20:,.1f} MiB; download it with: tinker checkpoint download {path})", file=sys.stderr)
-    return 0
+        print(path)
+        print(f"({size / 2**20:,.1f} MiB; download it with: tinker checkpoint download {path})", file=sys.stderr)
+
+    return _on_server("merge", merge)
 
 
 def prune_checkpoints(args: argparse.Namespace) -> int:
+    from tx.client_commands import ask, prune
+
+    return _on_server("prune", lambda: prune(args.runs or [], args.older_than, args.kinds or [], args.yes, args.url,
+                                             ask))
+
+
+def _on_server(command: str, action: Callable[[], object]) -> int:
+    """Run a `tx checkpoints` command that talks to a server: status 2 and one line for a refusal or a failed
+    connection."""
     import httpx
 
-    from tx.client_commands import ask, prune
     from tx.types import UserError
 
     try:
-        prune(args.runs or [], args.older_than, args.kinds or [], args.yes, args.url, ask)
+        action()
     except (UserError, OSError, httpx.HTTPError) as exc:
-        print(f"tx checkpoints prune: {exc}", file=sys.stderr)
+        print(f"tx checkpoints {command}: {exc}", file=sys.stderr)
         return 2
     return 0
 
