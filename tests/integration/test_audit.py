@@ -33,18 +33,24 @@ def test_owners_read_their_entries_and_operators_read_all(keyed: TxServer) -> No
     this_run = [e for e in alices if e.event_details.get("training_run_id") == tc.model_id]  # the server is shared
     events = [(e.event, e.event_details.get("actor")) for e in this_run]
     alice_urn, bob_urn = f"tx:key:{owner_of(ALICE)}", f"tx:key:{owner_of(BOB)}"
+    bob_seen = events[3][1]  # Bob as Alice sees him: a pseudonym, not his owner id (issue 38 item 8c)
+    assert bob_seen.startswith("tx:key:other-") and owner_of(BOB) not in str(this_run)
     assert events == [("run_create", alice_urn), ("checkpoint_save", alice_urn), ("checkpoint_publish", alice_urn),
-                      ("checkpoint_read", bob_urn), ("checkpoint_copy", bob_urn)]
+                      ("checkpoint_read", bob_seen), ("checkpoint_copy", bob_seen)]
     read = next(e for e in alices if e.event == "checkpoint_read")
     assert (read.tinker_path, read.purpose, read.model_id) == (sampler_path, "sample", tc.model_id)
     assert read.event_details["owner"] == alice_urn
     copied = next(e for e in alices if e.event == "checkpoint_copy")
-    assert copied.event_details["copy"] == bobs_copy
+    bobs_session = bobs_copy.removeprefix("tinker://").split(":")[0]
+    assert "copy" not in copied.event_details and bobs_session not in str(alices)
     assert all(bobs_run not in str(e.event_details) for e in alices)  # nothing of Bob's own
 
     bobs = log_of(keyed, BOB, event_type="checkpoints")
     assert [e.event for e in bobs if e.model_id == tc.model_id] == ["checkpoint_read", "checkpoint_copy"]
+    assert next(e for e in bobs if e.event == "checkpoint_copy").event_details["copy"] == bobs_copy
+    assert {e.event_details["actor"] for e in bobs if e.model_id == tc.model_id} == {bob_urn}
     assert all(e.event.startswith("checkpoint_") for e in bobs)
+    assert bob_urn in str(log_of(keyed, OPERATOR, event_type="checkpoints"))  # an operator sees who
     everything = log_of(keyed, OPERATOR, event_type="runs")
     assert {e.event_details["training_run_id"] for e in everything} >= {tc.model_id, bobs_run}
     assert log_of(keyed, OPERATOR, day=date(2001, 1, 1)) == []
