@@ -50,6 +50,7 @@ from tx.core.console import ConsoleViews
 from tx.core.engine_check import TrainerReference
 from tx.core.futures import FutureRegistry
 from tx.core.sampling.admission import SampleAdmission
+from tx.core.sampling.prompts import PromptWorkers
 from tx.core.sampling.service import SamplingService
 from tx.core.sampling.text import TextSampling
 from tx.core.scheduler import Scheduler
@@ -159,6 +160,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     sampling = SamplingService(store, futures_, manager, settings.sampling_max_queue, core.records, images,
                                access=core.samplers.check_access, admission=sample_admission(settings, models))
     views = RunViews(store, core.base_models.info, {n: tokenizer_id_for(n, p) for n, p in models.items()})
+    text = TextSampling(core.samplers, sampling, models, PromptWorkers(models, settings.prompt_workers))
     logger.info("serving base models: %s", ", ".join(f"{n} ({p})" for n, p in models.items()))
     logger.info("data directory: %s; store: %s", settings.data_dir, _redact(settings.store_url))
     ctx = Context(
@@ -167,7 +169,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
         imports=core.imports,
         merges=ServerMerges(core.catalog, futures_, models, merge_into_base, settings.quotas),
         samplers=core.samplers,
-        sampling=sampling, text=TextSampling(core.samplers, sampling, models), base_models=core.base_models,
+        sampling=sampling, text=text, base_models=core.base_models,
         custom_losses=core.custom_losses, records=core.records, audit=core.audit, futures=futures_,
         manager=manager,
         console=ConsoleViews(store, scheduler, futures_),
@@ -198,6 +200,7 @@ def create_app(settings: Settings) -> FastAPI:
                                      ctx.manager.close())
                 runtime.backend.close()
                 ctx.merges.close()
+                ctx.text.close()
                 logger.info("training and engines stopped")
             finally:
                 runtime.recorder.close()  # the last steps' metrics, before the store goes

@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(4 << 20, gt=0, description="Largest body of any other route.")
     console: bool = Field(True, description="Serve the web console at /console (its JSON routes stay on).")
     sampling_max_queue: int = Field(1024, ge=1, description="Samples in flight before asample answers 429.")
+    prompt_workers: int = Field(
+        2, ge=1, le=64, description="Processes that render chat templates and tokenize the text prompts of the "
+        "OpenAI-compatible routes and the playground (off the server's interpreter: docs/security.md).")
     sampling_dispatch_rows: int | None = Field(
         None, ge=1, description="Sequences in flight at one base model's engines at once; the rest wait, and are "
         "let through a key at a time by fair share. Default: twice the engines' batch, per engine.",

@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from tx.core.sampling.detokenize import IncrementalDetokenizer, decode_pieces
+from tx.core.sampling.prompts import PromptWorkers
 from tx.core.sampling.text import TextSampling
 from tx.types import SampledSequence, SampleResult, SamplingParams, StopReason
 
@@ -100,10 +101,10 @@ class BaseOnly:
 
 
 def test_completions_decode_in_linear_time_off_the_loop(tiny_model_dir: Path, tokenizer: Any) -> None:
-    length, n = 2047, 4
+    length, n = 2000, 4  # with the chat prompt, within the tiny model's 2,048 positions
     counting = Counting(tokenizer)
     text = TextSampling(BaseOnly(), CannedSampling(length, len(tokenizer)),
-                        {"tiny": tiny_model_dir})
+                        {"tiny": tiny_model_dir}, PromptWorkers({"tiny": tiny_model_dir}, 1))
     text._tokenizers["tiny"] = counting
 
     async def run() -> tuple[int, Any, Any]:
@@ -112,7 +113,10 @@ def test_completions_decode_in_linear_time_off_the_loop(tiny_model_dir: Path, to
         chat = await text.chat("me", "tiny", [{"role": "user", "content": "hi"}], params, 1)
         return threading.get_ident(), done, chat
 
-    loop_thread, result, chat = asyncio.run(run())
+    try:
+        loop_thread, result, chat = asyncio.run(run())
+    finally:
+        text.close()
     assert len(result.choices) == n and all(len(c.pieces) == length for c in result.choices)
     assert result.choices[0].text == "".join(result.choices[0].pieces)
     assert counting.decoded < 8 * (n + 1) * length  # a whole decode per token read ~length**2 / 2 per sequence

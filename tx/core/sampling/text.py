@@ -2,13 +2,14 @@
 
 The model is a served base model or a `tinker://` path to sampler (or training) weights the caller may
 read. Prompts are tokenized, and chat messages rendered with the model's own chat template, by the
-base model's tokenizer (loaded once, in the API process); the sample itself goes through
+base model's tokenizer in worker processes (`prompts.py`: neither holds the server's GIL, and a prompt that
+cannot fit the model's context is refused before it is tokenized); the sample itself goes through
 `SamplingService.generate` (the same engines, router, weight versions and queue limit as asample).
 Text comes back cut before the first stop string, with no special tokens, split per token
 (`detokenize.IncrementalDetokenizer`: linear in the tokens). Streaming (`prepare_*`, then `run` with a
 listener) hears tokens as the engine generates them; `text_stream.py` turns them into text.
 
-Tokenizer work (encoding, chat templates, decoding) runs in worker threads, never on the event loop, one
+Decoding the sampled tokens (bounded by max_tokens) runs in worker threads, never on the event loop, one
 call at a time per tokenizer (a fast tokenizer is not safe to share between threads that configure it).
 """
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tx.core.sampling.detokenize import decode_pieces
+from tx.core.sampling.prompts import PromptWorkers
 from tx.core.sampling.samplers import Samplers
 from tx.core.sampling.service import SamplingService
 from tx.core.sampling.text_stream import TextStream
@@ -72,8 +74,10 @@ class TextJob:
 
 
 class TextSampling:
-    def __init__(self, samplers: Samplers, sampling: SamplingService, model_dirs: dict[str, Path]) -> None:
+    def __init__(self, samplers: Samplers, sampling: SamplingService, model_dirs: dict[str, Path],
+                 prompts: PromptWorkers) -> None:
         self._samplers = samplers
+        self._prompts = prompts
         self._sampling = sampling
         self._model_dirs = model_dirs
         self._tokenizers: dict[str, Any] = {}
@@ -81,6 +85,9 @@ class TextSampling:
 
     def base_models(self) -> list[str]:
         return sorted(self._model_dirs)
+
+    def close(self) -> None:
+        self._prompts.close()
 
     async def complete(self, owner: str, model: str, prompt: str | list[int], params: SamplingParams,
                        n: int, top_logprobs: int = 0) -> TextResult:
@@ -97,7 +104,7 @@ class TextSampling:
         if isinstance(prompt, list):
             tokens = prompt
         else:
-            tokens = await self._off_loop(base_model, lambda: tokenizer.encode(prompt, add_special_tokens=False))
+            tokens = await self._prompts.text(base_model, prompt, params.max_tokens)
         if any(not 0 <= token < len(tokenizer) for token in tokens):
             raise UserError(f"prompt token ids must be in [0, {len(tokenizer)}) for {base_model!r}")
         return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n, top_logprobs)
@@ -108,7 +115,7 @@ class TextSampling:
         tokenizer = await self._tokenizer(base_model)
         if not getattr(tokenizer, "chat_template", None):
             raise UserError(f"model {base_model!r} has no chat template; render the prompt and use /completions")
-        tokens = await self._off_loop(base_model, lambda: _render_chat(tokenizer, base_model, messages))
+        tokens = await self._prompts.chat(base_model, messages, params.max_tokens)
         return _job(owner, tokenizer, base_model, weights_dir, model, tokens, params, n, top_logprobs)
 
     async def run(self, job: TextJob, on_tokens: TokenListener | None = None) -> TextResult:
@@ -153,14 +160,6 @@ def _job(owner: str, tokenizer: Any, base_model: str, weights_dir: Path | None, 
     if not tokens:
         raise UserError("the prompt is empty")
     return TextJob(owner, tokenizer, base_model, weights_dir, label, list(tokens), params, n, top_logprobs)
-
-
-def _render_chat(tokenizer: Any, base_model: str, messages: list[dict[str, str]]) -> list[int]:
-    try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as exc:  # a template that raises on these messages (e.g. roles out of order)
-        raise UserError(f"the chat template of {base_model!r} refused these messages: {exc}") from None
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _choice(tokenizer: Any, sequence: SampledSequence, stop_strings: tuple[str, ...]) -> TextChoice:
