@@ -61,10 +61,15 @@ class TokenIssuer:
     def from_data_dir(cls, data_dir: Path, ttl_s: float) -> TokenIssuer:
         return cls(load_or_make_key(data_dir / TOKEN_KEY_FILE), ttl_s)
 
-    def issue(self, owner: str, now: float | None = None) -> str:
+    def issue(self, owner: str, now: float | None = None, expires_by: float | None = None) -> str:
+        """A token for `owner`, living --jwt-ttl-s, or less: never past `expires_by` (a token renewed with a
+        token keeps the first one's end, so a stolen token cannot be renewed past it without the key)."""
         issued = int(time.time() if now is None else now)
+        expires = issued + max(1, round(self.ttl_s))
+        if expires_by is not None:
+            expires = min(expires, int(expires_by))
         claims = {"iss": ISSUER, "sub": f"tx:key:{owner}", "org_id": owner, "owner": owner, "email": "",
-                  "iat": issued, "exp": issued + max(1, round(self.ttl_s))}
+                  "iat": issued, "exp": expires}
         return jwt.encode(claims, self._key, algorithm="HS256")
 
     def owner(self, token: str) -> str:
@@ -77,6 +82,11 @@ class TokenIssuer:
             self._checked = {}
         self._checked[token] = (owner, expires)
         return owner
+
+    def expiry(self, token: str) -> float:
+        """When a valid token ends (HTTP 401 for an invalid one, as `owner`)."""
+        self.owner(token)
+        return self._checked[token][1]
 
     def _decode(self, token: str) -> tuple[str, float]:
         try:

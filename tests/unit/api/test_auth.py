@@ -91,3 +91,24 @@ def test_the_exchange_is_a_clear_404_when_off(tmp_path) -> None:
     token = TokenIssuer.from_data_dir(tmp_path, 60).issue("someone")
     assert (tmp_path / "jwt.key").stat().st_mode & 0o777 == 0o600
     assert TokenIssuer.from_data_dir(tmp_path, 60).owner(token) == "someone"  # the key outlives a restart
+
+
+def test_a_token_renewed_with_a_token_ends_when_the_first_did(tmp_path) -> None:
+    """A stolen token cannot be renewed past its own end without the key (the SDK renews with its key)."""
+
+    from fastapi.testclient import TestClient
+
+    from tx.api.app import create_app
+    from tx.config import Settings
+
+    with TestClient(create_app(Settings(data_dir=tmp_path, jwt_ttl_s=600)), base_url="http://localhost") as client:
+        issued_before = time.time() - 300  # a token exchanged five minutes ago (the server's own key)
+        first = TokenIssuer.from_data_dir(tmp_path, 600).issue(owner_of("tml-a"), now=issued_before)
+        claims = jwt.decode(first, options={"verify_signature": False})
+        renewed = client.post("/api/v1/auth/token", headers={"X-API-Key": first})
+        assert renewed.status_code == 200, renewed.text
+        again = jwt.decode(renewed.json()["jwt"], options={"verify_signature": False})
+        assert again["exp"] == claims["exp"] and again["owner"] == claims["owner"]  # was: 5 minutes more
+        by_key = jwt.decode(client.post("/api/v1/auth/token", headers={"X-API-Key": "tml-a"}).json()["jwt"],
+                              options={"verify_signature": False})
+        assert by_key["exp"] >= claims["exp"] + 299  # the key renews in full

@@ -6,7 +6,7 @@ import asyncio
 
 from fastapi import APIRouter, HTTPException, Request
 
-from tx.api.auth import TokenIssuer
+from tx.api.auth import TokenIssuer, credential_of
 from tx.api.deps import Caller, Ctx
 from tx.api.errors import COMMON_ERRORS, error_responses
 from tx.api.wire.schemas.identity import (
@@ -23,12 +23,13 @@ ORG_NAME = "tx"  # tx has no organisations: every key is its own tenant
 
 @router.post("/auth/token", responses=error_responses(404))
 async def auth_token(request: Request, ctx: Ctx, caller: Caller) -> AuthTokenResponse:
-    """A token for the caller's key (or for the owner of the token presented), valid for --jwt-ttl-s."""
+    """A token for the caller's key, valid for --jwt-ttl-s; for a token presented, one that ends when it does."""
     tokens: TokenIssuer | None = request.app.state.key_checker.tokens
     if tokens is None:
         raise HTTPException(404, "token exchange is off on this server (tx serve --jwt-auth turns it on); "
                                  "send your API key on every request")
-    token = tokens.issue(caller.owner)
+    presented = credential_of(request)  # a token renewed with a token ends when it would have (not the key)
+    token = tokens.issue(caller.owner, expires_by=tokens.expiry(presented) if presented.startswith("eyJ") else None)
     await asyncio.to_thread(ctx.audit.record, "key_token_issue", caller.owner, ttl_seconds=tokens.ttl_s)
     return AuthTokenResponse(jwt=token)
 
