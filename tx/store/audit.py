@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, delete, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
+from tx.store.stability import deleted_count
 from tx.store.tables import AuditRow
 
 
@@ -50,16 +51,16 @@ class AuditLog:
         while it is among the newest `keep` of its actor's or of its subject owner's (the entries either may read),
         so one tenant's entries never push out another's. Returns how many went."""
         with self._sessions.begin() as db:
-            gone = db.execute(delete(AuditRow).where(AuditRow.at < before)).rowcount or 0
+            gone = deleted_count(db.execute(delete(AuditRow).where(AuditRow.at < before)))
             pairs = db.execute(select(AuditRow.actor, AuditRow.subject_owner).distinct()).all()
             tenants = {t for pair in pairs for t in pair if t is not None}
             floor = {t: self._floor(db, t, keep) for t in tenants}
             for actor, subject in pairs:
                 below = min(floor[actor], floor[subject if subject is not None else actor])
                 if below:
-                    gone += db.execute(delete(AuditRow).where(
+                    gone += deleted_count(db.execute(delete(AuditRow).where(
                         AuditRow.actor == actor, _is(AuditRow.subject_owner, subject), AuditRow.id <= below,
-                    )).rowcount or 0
+                    )))
         return gone
 
     @staticmethod

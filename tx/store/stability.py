@@ -75,12 +75,14 @@ class StabilityRecordStore:
 
     def delete_session(self, session_id: str) -> int:
         with self._sessions.begin() as db:
-            return _deleted(db.execute(delete(StabilityRecordRow).where(StabilityRecordRow.session_id == session_id)))
+            doomed = delete(StabilityRecordRow).where(StabilityRecordRow.session_id == session_id)
+            return deleted_count(db.execute(doomed))
 
     def delete_unused_since(self, cutoff: datetime) -> int:
         """Delete the records last used before `cutoff`; returns how many."""
         with self._sessions.begin() as db:
-            return _deleted(db.execute(delete(StabilityRecordRow).where(StabilityRecordRow.last_used_at < cutoff)))
+            doomed = delete(StabilityRecordRow).where(StabilityRecordRow.last_used_at < cutoff)
+            return deleted_count(db.execute(doomed))
 
 
 def _in_chunks(db: Session, query, ids: list[str]) -> Iterator:
@@ -88,6 +90,6 @@ def _in_chunks(db: Session, query, ids: list[str]) -> Iterator:
         yield from db.scalars(query.where(StabilityRecordRow.sequence_id.in_(ids[start:start + _CHUNK])))
 
 
-def _deleted(result: object) -> int:
+def deleted_count(result: object) -> int:
     """The rows a DELETE removed (its result is a cursor's)."""
     return result.rowcount if isinstance(result, CursorResult) else 0
