@@ -111,7 +111,7 @@ class Settings(BaseSettings):
         "and send that instead, as the tinker SDK does when a server enables it; keys keep working too.",
     )
     jwt_ttl_s: float = Field(900.0, ge=1, le=24 * 3600, description="Lifetime of an exchanged token, in seconds.")
-    audit_max_entries: int = Field(100_000, ge=1, description="Audit log entries kept (the newest).")
+    audit_max_entries: int = Field(100_000, ge=1, description="Audit log entries kept per key (its newest).")
     audit_retention_days: float = Field(90.0, gt=0, description="Audit log entries older than this are dropped.")
     long_poll_s: float = Field(30.0, gt=0, le=40, description="How long retrieve_future holds a poll.")
     seq_gap_timeout_s: float = Field(
