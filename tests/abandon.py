@@ -37,7 +37,7 @@ def post_and_hang_up(server: TxServer, path: str, body: dict[str, Any], until: C
     payload = json.dumps(body).encode()
     assert url.hostname is not None and url.port is not None
     with socket.create_connection((url.hostname, url.port)) as sock:
-        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: tx\r\nContent-Type: application/json\r\n"
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
                      f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
         wait_until(until, "the engine has the request")
 
