@@ -85,7 +85,9 @@ def test_cli_commands(server: TxServer, trained: Trained, tmp_path: Path) -> Non
     models, runs, run_info, run_checkpoints, all_checkpoints = out[:5]
     assert "tiny-qwen3" in json.dumps(models) and run in json.dumps(runs)
     assert run_info["training_run_id"] == run and run_info["base_model"] == "tiny-qwen3"
-    assert state in json.dumps(run_checkpoints) and state in json.dumps(all_checkpoints)
+    # the key's whole list pages newest first: the export just saved is on its first page, whatever other
+    # tests of this session saved before (the run's own state may be pages down)
+    assert state in json.dumps(run_checkpoints) and external in json.dumps(all_checkpoints)
     published, plain = json.dumps(out[7]), json.dumps(out[10])
     assert '"public": true' in published and '"expires_at": null' not in published
     assert '"public": false' in plain and '"expires_at": null' in plain
