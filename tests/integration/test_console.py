@@ -322,13 +322,19 @@ def test_charts_draw_every_point_negative_and_single_and_keep_zoom_and_readout_a
         zoomed = page.wait_for(f"(() => {{ const x = {LOSS}.txChart.u.scales.x; return x.max - x.min < 3.5 && [x.min, x.max]; }})()",
                                what="the drag to zoom in")
         mouse(page, "mouseMoved", left + width * 0.5, top + height * 0.5)
-        page.screenshot(shots / "run-zoomed.png")
         # a live update (more steps land): the zoom and the readout stay
         seed_calls(console_server, run, [("forward_backward", 0.1), ("optim_step", 0.0)])
         page.wait_for("Number(document.querySelector('.chart[data-title=\"loss per token\"]').dataset.points) === 7",
                       what="the new step drawn")
         assert page.evaluate(f"(() => {{ const x = {LOSS}.txChart.u.scales.x; return [x.min, x.max]; }})()") == zoomed
-        assert page.evaluate(readout) not in ("--", "–", "")
+        where = f"(() => {{ const r = {LOSS}.txChart.u.over.getBoundingClientRect(); return [r.left, r.top, scrollY]; }})()"
+        assert page.evaluate(readout) not in ("--", "–", ""), (box, page.evaluate(where))  # the plot moved from under the pointer?
+        page.screenshot(shots / "run-zoomed.png")
+        # a step landing inside a zoomed window (panned past the last step) is drawn there: y takes it in
+        page.evaluate(f"(() => {{ const c = {LOSS}.txChart; c.zoomed = true; c.u.setScale('x', {{ min: 5, max: 12 }}); }})()")
+        seed_calls(console_server, run, [("forward_backward", 5.0), ("optim_step", 0.0)])
+        page.wait_for(f"{LOSS}.txChart.u.scales.y.max >= 5", what="the step inside the zoom drawn")
+        assert page.evaluate(f"(() => {{ const x = {LOSS}.txChart.u.scales.x; return [x.min, x.max]; }})()") == [5, 12]
         # double-click: every step again
         mouse(page, "mousePressed", left + width * 0.5, top + height * 0.5, button="left", buttons=1, clickCount=2)
         mouse(page, "mouseReleased", left + width * 0.5, top + height * 0.5, button="left", buttons=0, clickCount=2)

@@ -135,6 +135,7 @@ export class Chart {
     this.linthresh = Math.max(Math.abs(data.min), Math.abs(data.max), 1e-300) * 1e-3;
     if (this.u && signature === this.signature) {
       this.u.setData(columns, !this.zoomed);
+      if (this.zoomed) this.u.redraw();  // setData without resetting the scales draws nothing by itself
     } else {
       this.destroyPlot();
       this.plot.replaceChildren();
