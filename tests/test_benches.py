@@ -40,6 +40,7 @@ SMALLEST: dict[str, list[str]] = {
     # a torch and (with the [jax] extra) a jax server, one step each: ~50 s (jax compiles)
     "backends.py": ["--steps", "1", "--warmup", "0", "--batch", "1", "--seq-len", "8",
                     "--backends", "torch", *(["jax"] if HAS_JAX else [])],
+    "chat_flood.py": ["--clients", "1", "--messages", "2", "--chars", "100", "--seconds", "1"],  # ~15 s
     "check_batch.py": ["--batch", "2", "--seq-len", "16", "--repeats", "1"],  # ~4 s
     # the embedded engine, continuous batching (static batching left out: the same engine); vLLM below: ~14 s
     "continuous_batching.py": [*CONTINUOUS_BATCHING, "--engines", "embedded-continuous"],

@@ -15,11 +15,13 @@ import socket
 import statistics
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import tinker
+from chat_bodies import ROUTES, chat_turns, flood
 from test_listening_sockets import listening, process_tree
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
@@ -28,6 +30,7 @@ from txserver import TxServer
 BASE = "tiny-qwen3"
 GOOD = [f"tml-good-{i}" for i in range(4)]
 HOSTILE = "tml-hostile"
+LARGE_CHAT = chat_turns(64, 8000)  # 0.5 MB of JSON, more than the tiny model's context holds
 
 
 def datum(seed: int, length: int = 24) -> types.Datum:
@@ -100,6 +103,9 @@ def hostile(server: TxServer, stop: threading.Event, published: dict[str, str]) 
             except tinker.TinkerError as exc:  # a user error naming the node
                 assert "would make a tensor" in str(exc), exc
                 seen["bomb-run"] = seen.get("bomb-run", 0) + 1
+            for route in ("/api/v1/console/playground/sample", "/oai/api/v1/chat/completions"):  # 0.5 MB chats
+                note("large-chat", http.post(route, headers={"Authorization": f"Bearer {HOSTILE}", **headers},
+                                             json={"model": BASE, "messages": LARGE_CHAT, "max_tokens": 8}), 400)
             note("long-completion", http.post("/oai/api/v1/completions", headers={"Authorization": f"Bearer {HOSTILE}"},
                                               json={"model": BASE, "prompt": "a", "max_tokens": 64, "n": 16}), 200, 429)
             for i in range(200):
@@ -179,8 +185,26 @@ def test_a_hostile_tenant_stalls_no_one(server: TxServer) -> None:
     assert sum(calls) == len(GOOD) * 7 and len(latencies) > 100
     p99 = statistics.quantiles(latencies, n=100)[98]
     assert p99 < 0.1, f"/healthz p99 {p99 * 1000:.0f} ms over {len(latencies)} probes"
-    assert {"pow", "deep", "bomb-run", "made-up-method", "pointers", "num-samples", "ports"} <= set(attacks)
+    assert {"pow", "deep", "bomb-run", "made-up-method", "large-chat", "pointers", "num-samples", "ports"} <= set(attacks)
     assert attacks.get("revoked", 0) >= 1, attacks
+
+
+def test_four_clients_flooding_large_chats_keep_healthz_under_50_ms(server: TxServer) -> None:
+    """Issue 38's bound: chat templates and tokenizing run in prompt workers, never on the server's interpreter,
+    so four clients sending 0.5 MB chats (to the playground and /oai) leave /healthz p99 under 50 ms."""
+    stop, latencies, answers = threading.Event(), [], Counter()
+    turns = chat_turns(64, 8000)
+    with ThreadPoolExecutor(5) as pool:
+        floods = [pool.submit(flood, server.url, key, BASE, turns, stop, answers, i) for i, key in enumerate(GOOD)]
+        time.sleep(2.0)  # under way, the prompt workers' tokenizers loaded
+        health = pool.submit(probe_health, server, stop, latencies)
+        time.sleep(10.0)
+        stop.set()
+        health.result(timeout=30)
+        trips = [t for f in floods for t in f.result(timeout=120)]
+    assert set(answers) == {f"{route} 400" for route in ROUTES} and len(trips) >= 8, answers  # each refused, no 5xx
+    p99 = statistics.quantiles(latencies, n=100)[98]
+    assert p99 < 0.05, f"/healthz p99 {p99 * 1000:.0f} ms over {len(latencies)} probes while {len(trips)} chats landed"
 
 
 def _take_back(server: TxServer, published: dict[str, str]) -> None:
