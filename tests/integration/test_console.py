@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import tinker
@@ -447,3 +450,33 @@ def test_small_points_an_empty_key_a_readable_refusal_and_lanes_in_number_order(
                           " const t = ['s:sample:10', 'oai', 's:sample:2', 's:train:1', 's:train:0'].sort(m.laneOrder);"
                           " return t.map((x) => m.lane(x).label); })()")
     assert order == ["run 0", "run 1", "sampler 2", "sampler 10", "OpenAI-compatible"]
+
+
+EXITING_CLIENT = """
+import sys, tinker
+client = tinker.ServiceClient(base_url=sys.argv[1], api_key=sys.argv[2])
+client.create_lora_training_client("tiny-qwen3", rank=4).result()
+print(client.holder._session_id, flush=True)
+"""  # a script that ends without closing its session, as most do
+
+
+def console_session(server: TxServer, key: str, session_id: str) -> dict:
+    answer = httpx.get(f"{server.url}/api/v1/console/sessions/{session_id}", headers={"X-API-Key": key}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["session"]
+
+
+def test_a_session_whose_sdk_client_exited_stops_being_shown_active(console_server: TxServer) -> None:
+    """The SDK heartbeats every 10 s while its client lives; three missed heartbeats and the console shows the
+    session idle, saying why (it stayed "active" until the janitor finished it, 15 min later)."""
+    done = subprocess.run([sys.executable, "-c", EXITING_CLIENT, console_server.url, ALICE], capture_output=True,
+                          text=True, timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "TINKER_TELEMETRY": "0"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    session_id = done.stdout.split()[-1]
+    assert console_session(console_server, ALICE, session_id)["status"] == "active"
+    deadline = time.monotonic() + 60
+    while (shown := console_session(console_server, ALICE, session_id))["status"] == "active":
+        assert time.monotonic() < deadline, f"still active 60 s after its client exited: {shown}"
+        time.sleep(2)
+    assert shown["status"] == "idle" and "no heartbeat for" in shown["reason"], shown
+    assert time.monotonic() > deadline - 60 + 15  # not before a few heartbeats were missed

@@ -24,6 +24,8 @@ from tx.types import LoraConfig
 
 ACTIVE_S = 60.0  # a loaded run with calls queued, or one finished this recently, is "training", else "idle"
 MAX_POINTS = 20_000  # rows of one metrics read (a run keeps at most about this many)
+SDK_HEARTBEAT_S = 10.0  # the tinker SDK (0.38) heartbeats its session every 10 s while its client lives
+SILENT_S = 3 * SDK_HEARTBEAT_S  # an open session this long without a heartbeat is shown "idle": its client is gone
 
 
 @dataclass(frozen=True)
@@ -123,10 +125,25 @@ class ConsoleViews:
 
 
 def _session(row: SessionRow, counts: tuple[int, int]) -> SessionSummary:
+    last_heartbeat = _utc(row.last_heartbeat)
     return SessionSummary(
         session_id=row.session_id, owner=row.owner, created_at=_utc(row.created_at), display_name=row.display_name,
-        status=session_status(row), runs=counts[0], samplers=counts[1], last_heartbeat=_utc(row.last_heartbeat),
+        status=_shown_status(session_status(row), last_heartbeat), runs=counts[0], samplers=counts[1],
+        last_heartbeat=last_heartbeat,
     )
+
+
+def _shown_status(status: SessionStatus, last_heartbeat: datetime, now: float | None = None) -> SessionStatus:
+    """An open session whose client stopped heartbeating (it exited without closing it) is "idle", not "active":
+    the server finishes it only after --session-timeout-s, but its client is gone after a few missed heartbeats."""
+    silent_s = (time.time() if now is None else now) - last_heartbeat.timestamp()
+    if status.type != "active" or silent_s < SILENT_S:
+        return status
+    return SessionStatus("idle", f"no heartbeat for {_duration(silent_s)}: its client has exited")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.0f} h"
 
 
 def _utc(value: datetime) -> datetime:
