@@ -2,7 +2,7 @@
 
 A preset is one of: the Qwen3 text shapes of `tiny.py` ("tiny", "bench", "vocab-h64", "vocab-h256"; "qwen3"
 is "tiny"), a family of `tiny_families.py` (qwen3_5, qwen3_5_moe, qwen3_moe, deepseek_v3, gpt_oss, gemma3,
-llama, olmo3, nemotron_h, deepseek_v4, glm_moe_dsa, inkling, inkling2, mistral_large4) or a vision-language
+llama, olmo3, nemotron_h, deepseek_v4, glm_moe_dsa, inkling, inkling_o200k, inkling2, mistral_large4) or a vision-language
 one of `tiny_vlm.py` ("vlm" = Qwen3-VL, qwen3_vl_moe, qwen3_5_vl, qwen3_5_moe_vl). inkling2 needs
 transformers >= 5.23 and mistral_large4 >= 5.22: with an older one, writing them is a ValueError saying so.
 

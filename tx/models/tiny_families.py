@@ -32,6 +32,8 @@ layers, and adds what makes the family itself:
   convolutions and a relative position bias in every layer; its final hidden states are divided by 2 before
   the head (muP; the real model's 24 leaves a tiny model's logits no room to learn: docs/tiny-models.md). It
   is written without an image processor config, so tx takes text only for it.
+- inkling_o200k: the same tiny Inkling at the real model's interface (vocabulary 201,024, its special ids, 80 mel
+  bins of 256 levels), for clients that render with the real tokenizer (the cookbook's audio recipes).
 - inkling2: Inkling 2 (transformers >= 5.23), multimodal, text only as Inkling: sliding-window, full and
   sliding-window layers (sinks, gates, a relative position bias, short convolutions, dynamic ones on the full
   layer's keys and values), each with 4 routed experts (top 2, sigmoid-scored, softcapped SwiGLU); attention
@@ -224,6 +226,25 @@ def inkling(ids: dict[str, int]) -> PretrainedConfig:
     )
 
 
+O200K_VOCAB = 201024
+"""Inkling's real vocabulary: the o200k_base ids and the chat specials above 200,000 that the cookbook's renderer
+(tml-renderers' TMLv0) sends, padded as the real config pads them."""
+
+
+def inkling_o200k(ids: dict[str, int]) -> PretrainedConfig:
+    """The tiny Inkling at the real model's interface: its vocabulary (201,024), its special ids (transformers'
+    InklingConfig defaults: audio 200053 after 200020, image 200054 after 200005) and its audio shape (80 mel
+    bins, 256 levels), so the cookbook's Inkling renderer can talk to it (docs/cookbook.md#audio-recipes)."""
+    config = inkling(ids)
+    config.text_config.vocab_size = O200K_VOCAB
+    defaults = type(config)()
+    for key in ("image_token_id", "image_bos_token_id", "audio_token_id", "audio_bos_token_id"):
+        setattr(config, key, getattr(defaults, key))
+    config.audio_config.n_mel_bins = defaults.audio_config.n_mel_bins
+    config.audio_config.mel_vocab_size = defaults.audio_config.mel_vocab_size
+    return config
+
+
 NEWER: Mapping[str, tuple[str, str]] = MappingProxyType({
     "inkling2": ("Inkling2Config", "5.23"),
     "mistral_large4": ("MistralLarge4Config", "5.22"),
@@ -300,6 +321,7 @@ TEXT_FAMILIES: Mapping[str, Callable[[dict[str, int]], PretrainedConfig]] = Mapp
     "deepseek_v4": deepseek_v4,
     "glm_moe_dsa": glm_moe_dsa,
     "inkling": inkling,
+    "inkling_o200k": inkling_o200k,
     "inkling2": inkling2,
     "mistral_large4": mistral_large4,
 })

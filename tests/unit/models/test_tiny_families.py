@@ -117,3 +117,21 @@ def test_each_family_preset_builds_and_runs(preset: str, tmp_path: Path) -> None
 
 def test_presets_list_every_family() -> None:
     assert set(ARCHITECTURES) <= set(all_presets())
+
+
+def test_inkling_o200k_has_the_real_interface_the_cookbook_renders_for() -> None:
+    """The cookbook renders Inkling with the real o200k tokenizer and 80-bin DMel (docs/cookbook.md#audio-recipes):
+    the tiny model under `--preset inkling_o200k` takes those ids and that audio shape, as the real config does."""
+    from transformers import InklingConfig
+
+    from tx.models.tiny_families import TEXT_FAMILIES
+
+    from tx.models.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
+
+    ids = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *ADDED_TOKENS])}
+    config, real = TEXT_FAMILIES["inkling_o200k"](ids), InklingConfig()
+    assert config.text_config.vocab_size == real.text_config.vocab_size == 201024
+    for key in ("image_token_id", "image_bos_token_id", "audio_token_id", "audio_bos_token_id"):
+        assert getattr(config, key) == getattr(real, key), key
+    assert (config.audio_config.n_mel_bins, config.audio_config.mel_vocab_size) == (80, 256)
+    assert config.text_config.hidden_size == TEXT_FAMILIES["inkling"](ids).text_config.hidden_size == 64
