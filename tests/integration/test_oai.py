@@ -162,6 +162,22 @@ def test_bad_requests_are_4xx(client: openai.OpenAI, server: TxServer) -> None:
     bad_key.close()
 
 
+def test_dense_bodies_are_counted_before_their_items_are_validated(server: TxServer) -> None:
+    """4 MB of one-character messages (to /oai and the playground): a 422 naming the count, without validating
+    130,000 messages on the server's event loop (0.3 s) nor echoing the body back."""
+    dense = {"model": BASE, "messages": [{"role": "user", "content": "a"}] * 130_000}
+    parts = {"model": BASE, "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 65}]}
+    with httpx.Client(base_url=f"{server.url}/oai/api/v1", headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        for body, said in ((dense, "messages holds 130000 items; at most 4096"),
+                           (parts, "messages[0].content holds 65 parts; at most 64"),
+                           ({"model": BASE, "prompt": "x", "stop": ["a"] * 5}, "stop holds 5 items; at most 4")):
+            route = "/completions" if "prompt" in body else "/chat/completions"
+            reply = http.post(route, json=body)
+            assert reply.status_code == 422 and said in reply.text and len(reply.content) < 2000, reply.text[:300]
+    reply = httpx.post(f"{server.url}/api/v1/console/playground/sample", headers={"X-API-Key": API_KEY}, json=dense)
+    assert reply.status_code == 422 and "messages holds 130000 items; at most 64" in reply.text, reply.text[:300]
+
+
 def test_metrics_count_the_training_and_sampling(server: TxServer, client: openai.OpenAI, trained) -> None:
     """After this module's SFT steps and samples: tokens trained and sampled, weights pushed, an engine up."""
     text = httpx.get(f"{server.url}/metrics", timeout=30).text

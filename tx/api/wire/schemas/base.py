@@ -44,6 +44,19 @@ def _check_text(value: Any) -> None:
                 _check_text(item)
 
 
+def counted_first(data: Any, caps: dict[str, int]) -> Any:
+    """For a `mode="before"` model validator: `data` unless one of its lists or maps named in `caps` holds
+    more items than its cap (ValueError: a 422). pydantic checks a list's `max_length` only after validating
+    every item, so a 4 MB body of 130,000 tiny items costs 0.1-0.3 s of the event loop before its refusal;
+    counted first, it costs nothing."""
+    if isinstance(data, dict):
+        for name, most in caps.items():
+            value = data.get(name)
+            if isinstance(value, list | dict) and len(value) > most:
+                raise ValueError(f"{name} holds {len(value)} items; at most {most}")
+    return data
+
+
 MAX_METADATA_BYTES = 64 << 10
 
 

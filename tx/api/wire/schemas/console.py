@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from tx.api.wire.schemas.base import WireRequest, WireResponse
+from tx.api.wire.schemas.base import WireRequest, WireResponse, counted_first
 
 
 class ConsoleMe(WireResponse):
@@ -149,13 +149,17 @@ class ChatTurn(WireRequest):
     content: Annotated[str, Field(max_length=100_000)]
 
 
+PLAYGROUND_COUNTS = {"messages": 64, "tokens": 32_768, "stop": 8}  # each list's most items, counted first
+
+
 class PlaygroundRequest(WireRequest):
     model: Annotated[str, Field(min_length=1, max_length=1024)] = Field(
         description="a served base model, or a tinker:// path to sampler weights the key may read")
-    messages: Annotated[list[ChatTurn], Field(max_length=64)] | None = Field(
+    messages: Annotated[list[ChatTurn], Field(max_length=PLAYGROUND_COUNTS["messages"])] | None = Field(
         None, description="a chat, rendered with the model's chat template")
     text: Annotated[str, Field(max_length=100_000)] | None = Field(None, description="raw text, tokenized")
-    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(max_length=32_768)] | None = Field(
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]],
+                      Field(max_length=PLAYGROUND_COUNTS["tokens"])] | None = Field(
         None, description="raw token ids")
     max_tokens: Annotated[int, Field(ge=1, le=1024)] = 32
     temperature: Annotated[float, Field(ge=0, le=10)] = 1.0
@@ -163,7 +167,13 @@ class PlaygroundRequest(WireRequest):
     top_k: Annotated[int, Field(ge=-1, le=1_000_000)] = -1
     seed: Annotated[int, Field(ge=0, lt=2**31)] | None = None
     n: Annotated[int, Field(ge=1, le=8)] = 1
-    stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=8)] = []
+    stop: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
+                    Field(max_length=PLAYGROUND_COUNTS["stop"])] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counted(cls, data: Any) -> Any:
+        return counted_first(data, PLAYGROUND_COUNTS)
 
 
 class SampledToken(WireResponse):

@@ -1,7 +1,10 @@
 """OpenAI-compatible request and response bodies (/oai/api/v1): the fields tx honours, and refusals.
 
-Requests ignore unknown keys. A field tx cannot honour with a value that would change the answer
-(echo, best_of > 1, logit_bias, penalties, tools, suffix) is refused with a 400 instead of ignored. `logprobs`
+Requests ignore unknown keys. Their lists are counted before any item is validated (`counted_first`: a
+4 MB body of 130,000 one-character messages took 0.3 s of the event loop to validate and 0.2 s more to hand
+to a prompt worker; counted first, it is a 422 at once). A field tx cannot honour with a value that would
+change the answer (echo, best_of > 1, logit_bias, penalties, tools, suffix) is refused with a 400 instead of
+ignored. `logprobs`
 (completions: 0-5 alternatives per token; chat: with `top_logprobs` 0-20) are the model's raw logprobs.
 """
 
@@ -9,15 +12,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tx.api.wire.schemas.base import counted_first
 from tx.types import UserError
 
 MAX_CHOICES = 16
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 64
+# how many items a request's lists and maps may hold, counted before their items are validated
+_COUNTS = {"messages": MAX_MESSAGES, "stop": 4, "logit_bias": 300, "tools": 128}
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counted(cls, data: Any) -> Any:
+        counted_first(data, _COUNTS)
+        messages = data.get("messages") if isinstance(data, dict) else None
+        for i, message in enumerate(messages if isinstance(messages, list) else ()):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list) and len(content) > MAX_CONTENT_PARTS:
+                raise ValueError(f"messages[{i}].content holds {len(content)} parts; "
+                                 f"at most {MAX_CONTENT_PARTS}")
+        return data
 
     model: Annotated[str, Field(min_length=1, max_length=1024)]
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
