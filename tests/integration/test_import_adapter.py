@@ -5,12 +5,14 @@ the SDK loads with create_training_client_from_state, trains and samples, comput
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tinker
 import torch
+from conftest import Trained
 from peft import LoraConfig, PeftModel, get_peft_model
 from reference_logprobs import token_logprobs
 from sdk_datums import sft_datum
@@ -73,7 +75,28 @@ def test_an_outside_adapter_loads_trains_and_samples_as_it_computes(
     assert "optimizer state starts fresh" in server.log()
 
 
+def test_an_adapter_tx_exported_imports_back_as_the_run_it_came_from(
+    server: TxServer, trained: Trained, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """save_weights_external, downloaded by its signed URLs, imported: the trainer's logprobs (1e-5, float32).
+    Every family's round trip: tests/unit/backends/test_import_families.py."""
+    external = trained.tc.save_weights_external("for-import", ttl_seconds=3600).result().path
+    adapter = tmp_path / "downloaded"
+    adapter.mkdir()
+    for name, url in trained.rest.get_external_weights_urls(external).result().urls.items():
+        with urllib.request.urlopen(url, timeout=30) as response:
+            (adapter / name).write_bytes(response.read())
+    assert run_import(server, adapter, monkeypatch, "--name", "round-trip") == 0
+    path = capsys.readouterr().out.strip().splitlines()[-1]
+    with server.client() as service:
+        tc = service.create_training_client_from_state(path).result()
+        out = tc.forward([sft_datum(trained.tokens)], "cross_entropy").result()
+    np.testing.assert_allclose(out.loss_fn_outputs[0]["logprobs"].to_numpy(), trained.trainer_logprobs(), atol=1e-5)
+
+
 @pytest.mark.parametrize(("config", "says"), [
+    ({"base_model_name_or_path": "meta-llama/Llama-3.2-1B"}, "made for 'meta-llama/Llama-3.2-1B'"),
     ({"target_modules": ["embed_tokens"]}, "where tx places no LoRA"),
     ({"use_dora": True}, "DoRA"),
     ({"r": 4096}, "rank"),
@@ -82,8 +105,9 @@ def test_a_bad_adapter_is_refused_and_leaves_nothing(
     server: TxServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
     config: dict, says: str,
 ) -> None:
-    adapter = outside_adapter(server, tmp_path / "bad", **({} if "r" in config else config))
-    if "r" in config:  # a config no PEFT model would be built with
+    edited = "r" in config or "base_model_name_or_path" in config
+    adapter = outside_adapter(server, tmp_path / "bad", **({} if edited else config))
+    if edited:  # a config no PEFT model would be built with, or one written for another base
         written = json.loads((adapter / "adapter_config.json").read_text())
         (adapter / "adapter_config.json").write_text(json.dumps({**written, **config}))
     before = len(list((server.data_dir / "checkpoints").glob("*/weights/bad")))

@@ -11,7 +11,9 @@ state computes exactly what the adapter computes. tx scales every LoRA by 32 / r
 The state is written by the trainer's own `save_state` from a run loaded with those tensors, so it is in every
 trainer's format; its optimizer state is fresh. Refused (a UserError that says why, before anything is kept):
 anything but a plain LoRA (DoRA, biases, `modules_to_save`, per-module ranks or alphas), a rank over the key's
-quota, a tensor tx does not place or whose shape does not fit, a pickled `.bin` adapter.
+quota, a tensor tx does not place or whose shape does not fit (a rank other than the config's is named), an
+adapter whose config names another base model (`base_model_name_or_path`, compared by name), a pickled `.bin`
+adapter.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def check_config(config: dict[str, Any]) -> None:
 
 def import_adapter(backend: Trainer, adapter: PeftAdapter, base_model: str, out: Path) -> LoraConfig:
     """Write `adapter` as a training state of `base_model` into `out` (an empty directory); its LoRA config."""
+    check_base(adapter.config, base_model)
     placed = {group: _placed(backend, base_model, adapter.rank, (group,)) for group in GROUPS}
     chosen = _groups_of(adapter, placed)
     lora = LoraConfig(rank=adapter.rank, seed=0, **{f"train_{group}": group in chosen for group in GROUPS})
@@ -161,6 +164,20 @@ def import_adapter(backend: Trainer, adapter: PeftAdapter, base_model: str, out:
                 "its optimizer state starts fresh", lora.rank, base_model, ", ".join(sorted(chosen)),
                 len(adapter.tensors), len(weights))
     return lora
+
+
+def check_base(config: dict[str, Any], base_model: str) -> None:
+    """UserError if the adapter names another base model than `base_model` (its `base_model_name_or_path`, when
+    set, is the same name or a path ending in the same name: `Qwen/Qwen3-8B`, `/models/Qwen3-8B`). Two bases of
+    one shape would take each other's adapters silently (the tiny Llama's import onto the tiny Gemma 3 did)."""
+    named = config.get("base_model_name_or_path")
+    if not named or not isinstance(named, str):
+        return
+    if named == base_model or Path(named).name.lower() == Path(base_model).name.lower():
+        return
+    raise UserError(f"the adapter was made for {named!r} (its adapter_config.json's base_model_name_or_path), not "
+                    f"{base_model!r}; if it is the same model under another name, set base_model_name_or_path to "
+                    f"{base_model!r} (or remove it) and import again")
 
 
 def _placed(backend: Trainer, base_model: str, rank: int, groups: tuple[str, ...]
@@ -184,8 +201,17 @@ def _groups_of(adapter: PeftAdapter, placed: dict[str, dict[str, tuple[int, ...]
     for name, tensor in adapter.tensors.items():
         if tuple(tensor.shape) != known[name]:
             raise UserError(f"the adapter's {name} has shape {tuple(tensor.shape)}; this base model at rank "
-                            f"{adapter.rank} needs {known[name]}")
+                            f"{adapter.rank} needs {known[name]}{_rank_note(adapter.rank, tensor.shape, known[name])}")
     return chosen
+
+
+def _rank_note(rank: int, shape: tuple[int, ...], needed: tuple[int, ...]) -> str:
+    """Where a tensor differs from what is needed only in its rank dimension: that its rank is not the config's."""
+    differs = [i for i, (have, need) in enumerate(zip(shape, needed, strict=False)) if have != need]
+    if len(shape) != len(needed) or len(differs) != 1 or needed[differs[0]] % rank:
+        return ""
+    tensor_rank = shape[differs[0]] * rank // needed[differs[0]]
+    return f" (its tensors are of rank {tensor_rank}; the adapter_config.json says r={rank})"
 
 
 def _fitted(adapter: PeftAdapter, fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
