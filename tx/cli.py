@@ -43,6 +43,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--operator-key", action="append", dest="operator_keys",
                    help="key for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; "
                    "repeatable")
+    p.add_argument("--key-label", action="append", dest="key_labels", metavar="KEY=LABEL",
+                   help="a name for a key (KEY: the key, or its owner id), shown to operators in the console "
+                   "instead of its owner id; repeatable")
     p.add_argument("--jwt-auth", action=argparse.BooleanOptionalAction, default=None,
                    help="clients exchange their key for a short-lived token, as the tinker SDK does (default on)")
     p.add_argument("--jwt-ttl-s", type=float, help="lifetime of an exchanged token (default 900)")

@@ -23,13 +23,17 @@ from sdk_datums import sft_datum
 from tinker import types
 from txserver import API_KEY, TxServer
 
+from tx.api.auth import owner_of
+
 ALICE, BOB, OPERATOR = API_KEY, "tml-bob-key", "tml-operator-key"
 LOAD_BUDGET_MS = 300
+BOB_LABEL, OPERATOR_LABEL = "bob (research)", "ops desk"  # bob's labelled by his key, the operator's by owner id
 
 
 @pytest.fixture(scope="module")
 def console_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    args = ["--api-key", ALICE, "--api-key", BOB, "--api-key", OPERATOR, "--operator-key", OPERATOR]
+    args = ["--api-key", ALICE, "--api-key", BOB, "--api-key", OPERATOR, "--operator-key", OPERATOR,
+            "--key-label", f"{BOB}={BOB_LABEL}", "--key-label", f"{owner_of(OPERATOR)}={OPERATOR_LABEL}"]
     with TxServer(tmp_path_factory.mktemp("tx-console"), args=args) as server:
         yield server
 
@@ -470,7 +474,8 @@ def test_a_session_whose_sdk_client_exited_stops_being_shown_active(console_serv
     """The SDK heartbeats every 10 s while its client lives; three missed heartbeats and the console shows the
     session idle, saying why (it stayed "active" until the janitor finished it, 15 min later)."""
     done = subprocess.run([sys.executable, "-c", EXITING_CLIENT, console_server.url, ALICE], capture_output=True,
-                          text=True, timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "TINKER_TELEMETRY": "0"})
+                          text=True, timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "TINKER_TELEMETRY": "0"},
+                          check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     session_id = done.stdout.split()[-1]
     assert console_session(console_server, ALICE, session_id)["status"] == "active"
@@ -480,3 +485,65 @@ def test_a_session_whose_sdk_client_exited_stops_being_shown_active(console_serv
         time.sleep(2)
     assert shown["status"] == "idle" and "no heartbeat for" in shown["reason"], shown
     assert time.monotonic() > deadline - 60 + 15  # not before a few heartbeats were missed
+
+
+def console_me(server: TxServer, key: str) -> dict:
+    answer = httpx.get(f"{server.url}/api/v1/console/me", headers={"X-API-Key": key}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_an_operator_sees_keys_by_their_labels_and_a_tenant_sees_only_its_own(
+        page: Page, console_server: TxServer, shots: Path) -> None:
+    with console_server.client(BOB) as bob:
+        run = bob.create_lora_training_client("tiny-qwen3", rank=4).result().model_id
+        session = bob.holder._session_id
+        sign_in(page, console_server, OPERATOR)
+        cell = f"#runs tr[data-run=\"{run}\"] td.owner"
+        page.wait_for(f"document.querySelector('{cell}')", what="bob's run in the operator's list")
+        assert page.evaluate(f"document.querySelector('{cell}').textContent") == BOB_LABEL  # was the owner id's start
+        assert page.evaluate(f"document.querySelector('{cell}').title") == owner_of(BOB)
+        assert page.evaluate("document.querySelector('#who-key').textContent") == f"key {OPERATOR_LABEL}"
+        page.goto(f"{console_server.url}/console#/sessions")
+        page.wait_for(f"document.body.dataset.ready === 'sessions' && document.body.innerText.includes('{session}')")
+        owners = page.evaluate(f"[...document.querySelectorAll('#sessions tr')].filter(r => r.innerText.includes('{session}'))"
+                               ".map(r => r.querySelector('td.owner').textContent)")
+        assert owners == [BOB_LABEL]
+        page.screenshot(shots / "sessions-labelled.png")
+    assert console_me(console_server, ALICE)["labels"] == {}  # a tenant reads no other key's label
+    assert console_me(console_server, BOB)["labels"] == {owner_of(BOB): BOB_LABEL}  # its own
+    assert len(console_me(console_server, OPERATOR)["labels"]) == 2
+
+
+def test_checkpoints_bulk_delete_confirms_the_count_and_shows_each_failure_on_its_row(
+        page: Page, console_server: TxServer, shots: Path) -> None:
+    with console_server.client(ALICE) as alice:
+        training = alice.create_lora_training_client("tiny-qwen3", rank=4).result()
+        paths = [training.save_weights_for_sampler(f"bulk-{i}").result().path for i in range(4)]
+        doomed, kept = paths[:3], paths[3]
+        rest = tinker.RestClient(base_url=console_server.url, api_key=ALICE)
+        sign_in(page, console_server, ALICE)
+        page.goto(f"{console_server.url}/console#/checkpoints")
+        row = lambda path: f"#checkpoints tr[data-path=\"{path}\"]"
+        page.wait_for(f"document.body.dataset.ready === 'checkpoints' && document.querySelector('{row(kept)}')")
+        for path in doomed:
+            page.click(f"{row(path)} input.pick")
+        rest.delete_checkpoint_from_tinker_path(doomed[1]).result()  # gone behind the page's back: its delete fails
+        page.click("#delete-selected")
+        assert page.evaluate("document.querySelector('#delete-selected').textContent") == "Really delete 3 checkpoints?"
+        assert all(page.evaluate(f"!!document.querySelector('{row(path)}')") for path in paths)  # nothing yet
+        page.screenshot(shots / "checkpoints-bulk-confirm.png")
+        page.click("#delete-selected")
+        page.wait_for(f"!document.querySelector('{row(doomed[0])}') && !document.querySelector('{row(doomed[2])}')",
+                      what="the deleted rows taken off")
+        error = page.wait_for(f"document.querySelector('{row(doomed[1])} .row-error')?.textContent")
+        assert error.startswith("not deleted: 404"), error
+        assert page.evaluate("document.querySelector('#checkpoint-error').textContent").startswith("1 checkpoint not deleted")
+        assert page.evaluate(f"document.querySelector('{row(doomed[1])} input.pick').checked")  # ticked, to retry
+        page.screenshot(shots / "checkpoints-bulk-failed.png")
+        listed = {c.tinker_path for c in rest.list_checkpoints(training.model_id).result().checkpoints}
+        assert listed & set(paths) == {kept}  # the three gone for real, the unticked one kept
+        sign_in(page, console_server, OPERATOR)  # another key's rows have nothing to tick
+        page.goto(f"{console_server.url}/console#/checkpoints")
+        page.wait_for(f"document.body.dataset.ready === 'checkpoints' && document.querySelector('{row(kept)}')")
+        assert not page.evaluate(f"!!document.querySelector('{row(kept)} input.pick')")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from tx.api.auth import KeyChecker, OperatorChecker, TokenIssuer
+from tx.api.auth import KeyChecker, OperatorChecker, TokenIssuer, labels_by_owner
 from tx.api.console_engines import EngineRates
 from tx.api.context import Context, Runtime
 from tx.api.errors import install_error_handlers
@@ -211,6 +211,7 @@ def create_app(settings: Settings) -> FastAPI:
     tokens = TokenIssuer.from_data_dir(settings.data_dir, settings.jwt_ttl_s) if settings.jwt_auth else None
     app.state.key_checker = keys = KeyChecker(settings.api_keys, settings.operator_keys, tokens)
     app.state.operator_checker = OperatorChecker(settings.api_keys, keys)
+    app.state.key_labels = labels_by_owner(settings.key_labels)
     app.state.metrics = metrics = Metrics()
     app.state.settings = settings
     app.state.engine_rates = EngineRates()

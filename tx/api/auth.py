@@ -46,6 +46,19 @@ def owner_of(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def labels_by_owner(labels: dict[str, str]) -> dict[str, str]:
+    """{owner id: label} from the operator's key labels (`--key-label`), each given by its key or its owner id."""
+    return {owner_of(key) if key.startswith("tml-") else key: label for key, label in labels.items()}
+
+
+def labels_seen(labels: dict[str, str], principal: Principal) -> dict[str, str]:
+    """The key labels `principal` may read: an operator every one; anyone else their own key's, if it has one
+    (others stay pseudonyms: docs/security.md)."""
+    if principal.operator:
+        return labels
+    return {principal.owner: labels[principal.owner]} if principal.owner in labels else {}
+
+
 class TokenIssuer:
     """Signs and checks tx's tokens: HS256 over {iss, sub, org_id, owner, iat, exp}."""
 

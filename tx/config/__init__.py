@@ -19,16 +19,19 @@ Imports: pydantic only (the ground floor).
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
+import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     EnvSettingsSource,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -43,6 +46,34 @@ logger = logging.getLogger(__name__)
 
 PRIVATE_UMASK = 0o077
 """`tx serve`'s umask: what it writes (the store, checkpoints, exports, logs) is its user's alone."""
+
+
+OWNER_ID = re.compile(r"[0-9a-f]{32}")  # a key's owner id (tx/api/auth.py's owner_of), as the console shows it
+_KEY_LABEL = re.compile(r"[\w .@()+/-]{1,64}")
+
+
+def _key_labels(value: object) -> object:
+    """{key or owner id: label} from "k=label,k2=label2" (TX_KEY_LABELS), ["k=label", ...] (repeated flags),
+    JSON or a dict; each label 1-64 letters, digits, spaces or ._-@()+/."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.lstrip().startswith("{") else [p for p in value.split(",") if p.strip()]
+    if isinstance(value, list):
+        pairs = [str(item).partition("=") for item in value]
+        bad = [key for key, eq, _ in pairs if not eq]
+        if bad:
+            raise ValueError(f"a key label is KEY=LABEL, got {bad[0][:8]!r}...")
+        value = {key.strip(): label.strip() for key, _, label in pairs}
+    if isinstance(value, dict):
+        for key, label in value.items():
+            if not (str(key).startswith("tml-") or OWNER_ID.fullmatch(str(key))):
+                raise ValueError("a key label names an API key ('tml-...') or a key's owner id (32 hex digits, "
+                                 "as the console shows it)")
+            if not _KEY_LABEL.fullmatch(str(label)):
+                raise ValueError(f"key label {str(label)[:80]!r}: 1-64 letters, digits, spaces or ._-@()+/")
+    return value
+
+
+KeyLabels = Annotated[dict[str, str], NoDecode, BeforeValidator(_key_labels)]
 
 
 def default_data_dir() -> Path:
@@ -105,6 +136,11 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Keys for operator routes (/metrics, /api/v1/tx/engines) when API keys are set; sent as "
         "X-API-Key or Authorization: Bearer. With API keys and no operator key, those routes are refused.",
+    )
+    key_labels: KeyLabels = Field(
+        default_factory=dict,
+        description="Names for keys (KEY=LABEL; KEY an accepted key or its owner id): an operator's console shows "
+        "each labelled key's rows under its label instead of its owner id. In TX_KEY_LABELS: comma-separated.",
     )
     jwt_auth: bool = Field(
         True, description="Clients exchange their API key for a short-lived signed token (POST /api/v1/auth/token) "
@@ -204,6 +240,15 @@ class Settings(BaseSettings):
                 f"binding {self.host} needs API keys: set TX_API_KEYS or --api-key "
                 "(any 'tml-' key is accepted only on loopback)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _labels_name_accepted_keys(self) -> Settings:
+        accepted = {*self.api_keys, *self.operator_keys}
+        unknown = [key for key in self.key_labels if key.startswith("tml-") and key not in accepted]
+        if unknown and self.api_keys:
+            raise ValueError(f"key_labels names a key the server does not accept ({unknown[0][:8]}...): "
+                             "label keys given with --api-key or --operator-key")
         return self
 
     @model_validator(mode="after")

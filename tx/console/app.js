@@ -8,7 +8,7 @@
 // backoff (1 s, doubling to 30 s); the pages' own polls resume their live updates once the server answers.
 
 import { api, apiKey, setKey, ApiError, connection } from "./api.js";
-import { h, clear, short } from "./dom.js";
+import { h, clear, ownerName } from "./dom.js";
 import * as runs from "./runs.js";
 import * as checkpoints from "./checkpoints.js";
 import * as sessions from "./sessions.js";
@@ -76,7 +76,7 @@ function shell() {
   pages.push(["playground", "Playground"]);
   for (const [id, label] of pages) nav.append(h("a", { href: `#/${id}`, id: `nav-${id}` }, label));
   const who = clear(document.getElementById("who"));
-  who.append(h("span", { title: me.owner }, `key ${short(me.owner, 8)}`), me.operator ? h("span", { class: "pill public" }, "operator") : "",
+  who.append(h("span", { title: me.owner, id: "who-key" }, `key ${ownerName(me, me.owner)}`), me.operator ? h("span", { class: "pill public" }, "operator") : "",
     h("button", { id: "sign-out", onclick: () => { setKey(null); sessionStorage.removeItem(ME); me = null; signIn(); } }, "Sign out"));
 }
 

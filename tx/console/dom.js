@@ -47,6 +47,14 @@ export function ago(iso) {
 
 export function short(id, n = 10) { return id.length > n ? id.slice(0, n) + "…" : id; }
 
+// A key's owner as the operator named it (--key-label), else the start of its owner id (in full on hover).
+export function ownerName(me, owner) { return (me.labels || {})[owner] || short(owner, 8); }
+
+export function ownerCell(me, owner) {
+  const label = (me.labels || {})[owner];
+  return h("td", { class: label ? "owner labelled" : "owner mono", title: owner }, label || short(owner, 8));
+}
+
 export function pill(text, cls = text) { return h("span", { class: `pill ${cls}` }, text); }
 
 export async function copy(text, button) {

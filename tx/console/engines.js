@@ -3,7 +3,7 @@
 // (GET /tx/usage, tx/core/quotas.py). Refreshed every 2 s.
 
 import { api } from "./api.js";
-import { h, clear, fmtNum, fmtInt, fmtBytes, pill, cardLabels } from "./dom.js";
+import { h, clear, fmtNum, fmtInt, fmtBytes, pill, cardLabels, ownerCell } from "./dom.js";
 
 export async function render(main, ctx) {
   const body = h("div", { id: "engines" });
@@ -25,7 +25,7 @@ export async function render(main, ctx) {
         h("table", { class: "cards" }, h("thead", {}, h("tr", {}, ["engine", "state", "pid", "weight versions", "running", "waiting", "tokens/s", "tokens", "restarts", "transport", "device", ""]
           .map((t, i) => h("th", { class: i >= 4 && i <= 8 ? "num" : "" }, t)))), h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 12, class: "muted" }, "no engines"))))));
     }
-    body.append(usagePanel(usage));
+    body.append(usagePanel(usage, ctx.me));
     for (const table of body.querySelectorAll("table.cards")) cardLabels(table);
   }
   await refresh();
@@ -38,15 +38,15 @@ export async function render(main, ctx) {
 const USAGE = [["sessions", "sessions"], ["runs", "runs"], ["lora_rank", "LoRA rank"], ["queued_training_bytes", "queued bytes"],
   ["samples_in_flight", "samples in flight"], ["checkpoint_bytes", "checkpoint bytes"], ["custom_losses", "custom losses"]];
 
-function usagePanel(usage) {
+function usagePanel(usage, me) {
   const cell = (key, quota) => {
     const used = key[quota], limit = usage.limits[quota];
     const text = quota.endsWith("_bytes") ? `${fmtBytes(used)} / ${fmtBytes(limit)}` : `${fmtInt(used)} / ${fmtInt(limit)}`;
     return h("td", { class: used >= limit ? "num error" : "num", title: usage.settings[quota] }, text);
   };
-  const rows = usage.keys.map((key) => h("tr", { dataset: { owner: key.owner } }, h("td", { class: "mono" }, key.owner),
+  const rows = usage.keys.map((key) => h("tr", { dataset: { owner: key.owner } }, (me.labels || {})[key.owner] ? ownerCell(me, key.owner) : h("td", { class: "mono" }, key.owner),
     USAGE.map(([quota]) => cell(key, quota)), h("td", { class: "num" }, fmtInt(key.trained_tokens)), h("td", { class: "num" }, fmtInt(key.sampled_tokens))));
-  const heads = ["key (owner id)", ...USAGE.map(([, label]) => label), "trained tokens", "sampled tokens"];
+  const heads = ["key (label or owner id)", ...USAGE.map(([, label]) => label), "trained tokens", "sampled tokens"];
   return h("div", { class: "panel", id: "usage" }, h("h2", {}, "Keys: quota use (used / limit)"),
     h("table", { class: "cards" }, h("thead", {}, h("tr", {}, heads.map((t, i) => h("th", { class: i ? "num" : "" }, t)))),
       h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: heads.length, class: "muted" }, "no key holds anything")))));

@@ -2,7 +2,7 @@
 // checkpoints, its curves, live), and several runs overlaid.
 
 import { api, enc } from "./api.js";
-import { h, clear, fmtNum, fmtInt, fmtBytes, ago, short, pill, cardLabels } from "./dom.js";
+import { h, clear, fmtNum, fmtInt, fmtBytes, ago, short, pill, cardLabels, ownerCell } from "./dom.js";
 import { ChartGrid, COLORS } from "./plot.js";
 
 const LIST_EVERY_MS = 3000, CURVES_EVERY_MS = 2000;
@@ -54,7 +54,7 @@ export async function render(main, ctx) {
       body.append(h("tr", { dataset: { run: run.run_id } }, h("td", {}, box),
         h("td", { class: "mono" }, h("a", { href: `#/runs/${enc(run.run_id)}` }, run.run_id)),
         h("td", {}, run.base_model), h("td", { class: "num" }, run.lora_rank),
-        ctx.me.operator ? h("td", { class: "mono", title: run.owner }, short(run.owner, 8)) : "",
+        ctx.me.operator ? ownerCell(ctx.me, run.owner) : "",
         h("td", { class: "state" }, pill(run.state)), h("td", { class: "num steps" }, fmtInt(run.steps)), h("td", { class: "num" }, fmtInt(run.tokens)),
         h("td", { class: "num loss" }, fmtNum(run.last_loss)), h("td", { title: run.last_activity }, ago(run.last_activity))));
     }

@@ -2,7 +2,7 @@
 // one lane per training run or sampler, each operation's wait in the queue (light) and its run (solid).
 
 import { api, enc } from "./api.js";
-import { h, clear, ago, short, pill, fmtNum, cardLabels } from "./dom.js";
+import { h, clear, ago, short, pill, fmtNum, cardLabels, ownerCell } from "./dom.js";
 import { COLORS } from "./plot.js";
 
 // A lane's label and order from its track id: "<session>:train:<n>" is run n, "<session>:sample:<n>" sampler n
@@ -23,7 +23,7 @@ export async function render(main, ctx) {
   const body = h("tbody");
   for (const s of data.sessions) {
     body.append(h("tr", {}, h("td", { class: "mono" }, h("a", { href: `#/sessions/${enc(s.session_id)}` }, s.session_id)),
-      h("td", {}, s.display_name || ""), ctx.me.operator ? h("td", { class: "mono", title: s.owner }, short(s.owner, 8)) : "",
+      h("td", {}, s.display_name || ""), ctx.me.operator ? ownerCell(ctx.me, s.owner) : "",
       h("td", {}, pill(s.status), s.reason ? ` ${s.reason}` : ""), h("td", { class: "num" }, s.runs), h("td", { class: "num" }, s.samplers),
       h("td", { title: s.created_at }, ago(s.created_at)), h("td", { title: s.last_heartbeat }, ago(s.last_heartbeat))));
   }

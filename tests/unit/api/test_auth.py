@@ -11,7 +11,7 @@ import jwt
 import pytest
 from fastapi import HTTPException
 
-from tx.api.auth import KeyChecker, TokenIssuer, owner_of
+from tx.api.auth import KeyChecker, Principal, TokenIssuer, labels_by_owner, labels_seen, owner_of
 
 KEY = b"k" * 32
 
@@ -112,3 +112,11 @@ def test_a_token_renewed_with_a_token_ends_when_the_first_did(tmp_path) -> None:
         by_key = jwt.decode(client.post("/api/v1/auth/token", headers={"X-API-Key": "tml-a"}).json()["jwt"],
                               options={"verify_signature": False})
         assert by_key["exp"] >= claims["exp"] + 299  # the key renews in full
+
+
+def test_key_labels_by_owner_an_operator_reads_all_a_tenant_only_its_own() -> None:
+    labels = labels_by_owner({"tml-a": "team a", owner_of("tml-b"): "team b"})
+    assert labels == {owner_of("tml-a"): "team a", owner_of("tml-b"): "team b"}
+    assert labels_seen(labels, Principal(owner_of("tml-op"), operator=True)) == labels
+    assert labels_seen(labels, Principal(owner_of("tml-a"))) == {owner_of("tml-a"): "team a"}
+    assert labels_seen(labels, Principal(owner_of("tml-c"))) == {}

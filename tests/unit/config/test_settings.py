@@ -120,3 +120,25 @@ def test_shared_pass_is_on_with_cuda_unless_set(monkeypatch: pytest.MonkeyPatch)
     args = build_parser().parse_args(["serve", "--shared-pass", "off"])
     assert not shares_passes(Settings(**{k: v for k, v in vars(args).items() if v is not None and k != "command"}),
                              "cuda")
+
+
+def test_key_labels_come_from_flags_or_the_variable_and_name_accepted_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    owner = "0123456789abcdef0123456789abcdef"
+    args = build_parser().parse_args(["serve", "--api-key", "tml-a", "--key-label", "tml-a=team a",
+                                      "--key-label", f"{owner}=ops (night)"])
+    settings = Settings(**{k: v for k, v in vars(args).items() if v is not None and k != "command"})
+    assert settings.key_labels == {"tml-a": "team a", owner: "ops (night)"}
+    monkeypatch.setenv("TX_KEY_LABELS", "tml-a=alpha,tml-b=beta")
+    assert Settings(api_keys=["tml-a", "tml-b"]).key_labels == {"tml-a": "alpha", "tml-b": "beta"}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"key_labels": ["tml-a"]}, "KEY=LABEL"),
+    ({"key_labels": ["bob=b"]}, "an API key .'tml-...'. or a key's owner id"),
+    ({"key_labels": ["tml-a=<script>"]}, "1-64 letters"),
+    ({"key_labels": ["tml-a=" + "x" * 65]}, "1-64 letters"),
+    ({"api_keys": ["tml-a"], "key_labels": ["tml-zzz=z"]}, "a key the server does not accept .tml-zzz"),
+])
+def test_bad_key_labels_are_refused_at_start(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Settings(**fields)

@@ -9,6 +9,7 @@ import asyncio
 
 from fastapi import APIRouter, Query, Request
 
+from tx.api.auth import labels_seen
 from tx.api.console_engines import engines_view
 from tx.api.deps import MAX_OFFSET, Caller, Ctx, Operator
 from tx.api.errors import COMMON_ERRORS, error_responses
@@ -51,7 +52,7 @@ def scope_of(request: Request, owner: str) -> Scope:
 async def me(request: Request, ctx: Ctx, caller: Caller) -> ConsoleMe:
     checker = request.app.state.operator_checker
     return ConsoleMe(owner=caller.owner, operator=checker.is_operator_key(request), engines=checker.allows(request),
-                     base_models=ctx.text.base_models())
+                     base_models=ctx.text.base_models(), labels=labels_seen(request.app.state.key_labels, caller))
 
 
 @router.get("/runs")

@@ -15,6 +15,9 @@ class ConsoleMe(WireResponse):
     operator: bool = Field(description="an operator key: the console lists every tenant's runs, sessions, checkpoints")
     engines: bool = Field(description="whether this key may read the engines page (operator routes)")
     base_models: list[str]
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="{owner id: the operator's label for that key (--key-label)}: every label "
+        "for an operator key, the key's own label (if any) for any other")
 
 
 class ConsoleRun(WireResponse):
@@ -83,7 +86,8 @@ class ConsoleSession(WireResponse):
     created_at: datetime
     last_heartbeat: datetime
     display_name: str | None
-    status: str
+    status: str = Field(description="active | idle (open, but no heartbeat for 30 s: its client has exited) | "
+                        "client_finished | cancelled")
     reason: str | None
     runs: int
     samplers: int
