@@ -46,8 +46,13 @@ def load_frozen(model_dir: Path, device: torch.device, dtype: torch.dtype, attn_
 
     `private_copy` (on cpu): copy every parameter into private memory. Loaded safetensors are lazily paged
     views of the file: they would make RSS depend on which rows a forward touched, and change if the file
-    were rewritten in place. On another device `.to(device)` copies anyway."""
-    model = load_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation)
+    were rewritten in place. On another device `.to(device)` copies anyway.
+
+    The load is tracked (`tx/models/loading.py`): the log and `/api/v1/healthz` show its progress."""
+    from tx.models.loading import loading
+
+    with loading(model_dir):
+        model = load_pretrained(model_dir, dtype=dtype, attn_implementation=attn_implementation)
     model.eval().requires_grad_(False)
     if private_copy and device.type == "cpu":
         for param in model.parameters():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from fastapi import APIRouter, Response
 
@@ -16,10 +17,12 @@ from tx.api.wire.schemas.client import (
     ClientDynamicConfigResponse,
     GetServerCapabilitiesResponse,
     HealthResponse,
+    ModelLoading,
     SupportedModel,
     TelemetryResponse,
     TelemetrySendRequest,
 )
+from tx.models.loading import in_progress
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["client"], responses=COMMON_ERRORS)
@@ -59,7 +62,10 @@ async def client_dynamic_config(body: ClientConfigRequest, _: Caller) -> ClientD
 
 @router.get("/healthz")
 async def healthz() -> HealthResponse:
-    return HealthResponse()
+    """ok once the server answers; with the base models this process is loading now and how far each is."""
+    now = time.time()
+    return HealthResponse(loading=[ModelLoading(model=load.model, fraction=load.fraction(), seconds=now - load.started)
+                                   for load in in_progress()])
 
 
 @router.get("/get_server_capabilities")

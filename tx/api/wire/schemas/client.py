@@ -52,8 +52,15 @@ class GetServerCapabilitiesResponse(WireResponse):
     supported_models: list[SupportedModel]
 
 
+class ModelLoading(WireResponse):
+    model: str = Field(description="its hub id, or its directory's name")
+    fraction: float | None = Field(description="the share of its weights loaded (None: still reading its files)")
+    seconds: float = Field(description="since the load began")
+
+
 class HealthResponse(WireResponse):
     status: Literal["ok"] = "ok"
+    loading: list[ModelLoading] = Field(default_factory=list, description="base models the trainer is loading now")
 
 
 class TelemetryEvent(WireRequest):
