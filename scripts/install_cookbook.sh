@@ -2,12 +2,15 @@
 # Install tinker-cookbook 0.6.1 into the CURRENT Python environment (activate the venv first),
 # the way docs/cookbook.md#installing-the-cookbook says works offline-ish:
 #   - `pip install tinker-cookbook==0.6.1` fails: it declares tml-renderers>=0.4.1, which the index
-#     lacks (and the recipes we run never import it). So: the wheel with --no-deps, then its other
-#     dependencies by hand.
+#     lacks (the newest there is 0.2.1). So: the wheel with --no-deps, then its other dependencies by
+#     hand, tml-renderers at the newest reachable release (0.2.1 renders every Inkling call the audio
+#     recipes make: docs/cookbook.md#audio-recipes).
 #   - tx's own pins must not move: transformers and torch are passed as constraints at the versions
 #     already installed (CI's: transformers 5.23.x, torch 2.13.0).
 #   - the math-rl extra (sympy, pylatexenc, math-verify) is included: math_rl/train.py imports
 #     math_grading, which needs sympy and pylatexenc at import time.
+#   - the audio extra (jiwer, soundfile) is included, and imageio-ffmpeg: an ffmpeg binary for the
+#     emotion recipe's prepare_data (it transcodes with `ffmpeg`; the tests put this one on PATH).
 # Idempotent: returns quickly when everything is already there. Fails loudly on any error.
 set -euo pipefail
 
@@ -19,7 +22,7 @@ if [[ -z "${VIRTUAL_ENV:-}" && -z "${TX_ALLOW_SYSTEM_INSTALL:-}" ]]; then
     exit 1
 fi
 
-# The cookbook's dependencies (tml-renderers left out on purpose), plus the math-rl extra.
+# The cookbook's dependencies (tml-renderers at what the index has), plus the math-rl and audio extras.
 DEPS=(
     "tinker==0.38.0"
     "aiohttp"
@@ -41,6 +44,10 @@ DEPS=(
     "sympy"
     "pylatexenc"
     "math-verify"
+    "tml-renderers>=0.2.1"
+    "jiwer>=3.0.0"
+    "soundfile>=0.12.0"
+    "imageio-ffmpeg"
 )
 
 # Everything present at the right version? Then there is nothing to do.
@@ -50,10 +57,12 @@ from importlib.metadata import version
 assert version("tinker-cookbook") == sys.argv[1]
 for mod in ["tinker_cookbook", "tinker", "aiohttp", "anyio", "blobfile", "chz", "cloudpickle", "datasets",
             "huggingface_hub", "numpy", "PIL", "pydantic", "pyrage", "rich", "safetensors", "termcolor",
-            "tiktoken", "tqdm", "sympy", "pylatexenc", "math_verify", "torch", "transformers"]:
+            "tiktoken", "tqdm", "sympy", "pylatexenc", "math_verify", "torch", "transformers",
+            "tml_renderers", "jiwer", "soundfile", "imageio_ffmpeg"]:
     __import__(mod)
 import tinker_cookbook.recipes.chat_sl.train  # noqa: F401
 import tinker_cookbook.recipes.math_rl.train  # noqa: F401
+import tinker_cookbook.recipes.audio.asr.sl_train  # noqa: F401
 PYEOF
 then
     echo "tinker-cookbook ${COOKBOOK_VERSION} already installed"
@@ -80,7 +89,7 @@ pip_quiet() {
         echo "install_cookbook.sh: pip install $* FAILED" >&2
         exit 1
     fi
-    grep -vE "is ignored: it is neither a file nor a directory|dependency resolver does not currently|tml-renderers" \
+    grep -vE "is ignored: it is neither a file nor a directory|dependency resolver does not currently|tml-renderers|tinker-cookbook 0.6.1 requires" \
         "$PIPLOG" >&2 || true
 }
 pip_quiet --no-deps "tinker-cookbook==${COOKBOOK_VERSION}"
@@ -97,5 +106,9 @@ assert version("tinker-cookbook") == cb_v, version("tinker-cookbook")
 import tinker_cookbook.recipes.chat_sl.train  # noqa: F401
 import tinker_cookbook.recipes.math_rl.train  # noqa: F401
 import tinker_cookbook.recipes.vlm_classifier.train  # noqa: F401
+import tinker_cookbook.recipes.audio.asr.sl_train  # noqa: F401
+import tinker_cookbook.recipes.audio.emotion.rl_train  # noqa: F401
+import tinker_cookbook.recipes.audio.medical_asr.train  # noqa: F401
+import jiwer, soundfile, tml_renderers.tinker  # noqa: F401,E401
 print(f"tinker-cookbook {cb_v} installed (torch {version('torch')}, transformers {tf_v})")
 PYEOF
