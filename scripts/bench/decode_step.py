@@ -1,6 +1,7 @@
 """Benchmark: the embedded engine's decode step on SkyRL's SDK workload, driven directly (no HTTP, no scheduler
-thread): a tiny Qwen3, one LoRA adapter of rank 8 on every attention and MLP linear layer, one request of
-8 samples x 64 new tokens (temperature 1, seeded, EOS not stopping).
+thread): a tiny Qwen3 (`--preset`; `vocab-h256` has Qwen3's 151,936 ids, where the head is most of a step), one
+LoRA adapter of rank 8 on every attention and MLP linear layer, one request of 8 samples x 64 new tokens
+(temperature 1, seeded, EOS not stopping).
 
 Each measurement runs in a child process (`--worker`) with the tree under test first on PYTHONPATH, so this
 tree and a baseline checkout (`--baseline-tree /work/main`) run side by side in one run, alternating round by
@@ -130,13 +131,13 @@ def run_worker(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def prepare(work: Path) -> tuple[Path, Path]:
+def prepare(work: Path, preset: str) -> tuple[Path, Path]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from tx.models.tiny import write_tiny_text_model
 
-    model_dir = write_tiny_text_model(work / "model")
+    model_dir = write_tiny_text_model(work / "model", preset=preset)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     generator, tensors = torch.Generator().manual_seed(0), {}
     for name, module in model.named_modules():
@@ -156,6 +157,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (tx/cpu.py's engine share on 2 cores)")
     parser.add_argument("--baseline-tree", type=Path, help="another checkout to run alternating with this one")
     parser.add_argument("--profile", action="store_true", help="also a cProfile of the decode steps per tree")
+    parser.add_argument("--preset", default="tiny", help="the tiny Qwen3's preset (vocab-h256: Qwen3's 151,936 ids)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--adapter-file", type=Path, help=argparse.SUPPRESS)
@@ -166,7 +168,7 @@ def main() -> None:
     this = Path(__file__).resolve().parents[2]
     trees = {"this": this} | ({"baseline": args.baseline_tree.resolve()} if args.baseline_tree else {})
     with tempfile.TemporaryDirectory() as tmp:
-        args.model_dir, args.adapter_file = prepare(Path(tmp))
+        args.model_dir, args.adapter_file = prepare(Path(tmp), args.preset)
         load_before = Path("/proc/loadavg").read_text().split()[:3]
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         for r in range(args.rounds):
@@ -176,7 +178,8 @@ def main() -> None:
         profiles = {name: run_worker(tree, args, profile=True)["profile"] for name, tree in trees.items()} \
             if args.profile else {}
         load_after = Path("/proc/loadavg").read_text().split()[:3]
-    report: dict[str, Any] = {"workload": f"{SAMPLES} x {MAX_TOKENS} tokens, tiny Qwen3, LoRA rank {RANK}",
+    report: dict[str, Any] = {"workload": f"{SAMPLES} x {MAX_TOKENS} tokens, tiny Qwen3 ({args.preset}), "
+                                          f"LoRA rank {RANK}",
                               "threads": args.threads, "rounds": args.rounds, "repeats": args.repeats,
                               "loadavg_before": load_before, "loadavg_after": load_after}
     for name, results in rounds.items():
