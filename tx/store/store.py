@@ -216,6 +216,11 @@ class Store:
             )
             return list(db.scalars(query)), total
 
+    def set_run_labels(self, run_id: str, owner: str, name: str | None, tags: list[str] | None) -> None:
+        with self._sessions.begin() as db:
+            row = _owned(db, TrainingRunRow, run_id, owner, f"training run {run_id!r}")
+            row.name, row.tags = name, tags
+
     def runs_of_session(self, session_id: str) -> list[str]:
         with self._sessions.begin() as db:
             query = select(TrainingRunRow.run_id).where(TrainingRunRow.session_id == session_id)

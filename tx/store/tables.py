@@ -63,6 +63,13 @@ class TrainingRunRow(Base):
     copy_request: Mapped[str | None] = mapped_column(String(160))
     # {"type": "adamw"|"dimuon", "version": 1}, fixed for the run's life; None (rows before it): adamw
     optimizer_config: Mapped[dict | None] = mapped_column(JSON)
+    # the base model's weights at create (migration 0009): its hub commit (None: a local directory) and
+    # tx.models.fingerprint; both None for runs recorded before, which load onto any base of their name
+    base_revision: Mapped[str | None] = mapped_column(String(64))
+    base_fingerprint: Mapped[str | None] = mapped_column(String(80))
+    # what its owner calls it (<= 120 chars) and its tags (<= 16 of <= 40 chars; None: none), migration 0009
+    name: Mapped[str | None] = mapped_column(String(120))
+    tags: Mapped[list | None] = mapped_column(JSON)
 
     __table_args__ = (Index("ix_training_runs_copy_request", "owner", "copy_request", unique=True),)
 

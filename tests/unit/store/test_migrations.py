@@ -78,6 +78,11 @@ def test_a_store_written_by_the_previous_main_is_upgraded_with_its_rows(empty_db
         assert store.get_session("s2", "tml-bob").finish_reason == "success"
         run = store.get_run("s1:train:0", "tml-alice")
         assert run.lora_config["rank"] == 8 and run.user_metadata == {"note": "x"}
+        # 0009: no base weights recorded (so its checkpoints load onto any base of its name), no name, no tags
+        assert (run.base_revision, run.base_fingerprint, run.name, run.tags) == (None, None, None, None)
+        store.set_run_labels("s1:train:0", "tml-alice", "named later", ["old"])
+        assert (store.get_run("s1:train:0", "tml-alice").name, store.get_run("s1:train:0", "tml-alice").tags) == (
+            "named later", ["old"])
         published = store.get_checkpoint("s1:train:0", "weights/step-1", "tml-bob", public_ok=True)
         assert published.size_bytes == 1234 and published.expires_at is not None
         assert {c.checkpoint_id for c in store.list_checkpoints("s1:train:0", "tml-alice")} == {
