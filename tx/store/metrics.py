@@ -54,12 +54,13 @@ class RunMetricsTable:
     def since(self, run_id: str, after_seq: int, limit: int) -> list[MetricPoint]:
         """The run's rows after `after_seq`, oldest first, at most `limit` (plain tuples: a page holds thousands).
         The metrics come as text and are decoded in one `json.loads` of them all: 20,000 rows in ~90 ms, where the
-        JSON column's own decoding, row by row, took ~300 ms."""
+        JSON column's own decoding, row by row, took ~300 ms. Read through the connection, not the ORM session:
+        its row loading cost ~100 ms more for 20,000 rows."""
         c = RunMetricRow
         query = (select(c.seq, c.step, c.kind, c.finished, c.seconds, c.tokens, c.total_tokens, cast(c.metrics, Text))
                  .where(c.run_id == run_id, c.seq > after_seq).order_by(c.seq).limit(limit))
         with self._sessions.begin() as db:
-            rows = db.execute(query).all()
+            rows = db.connection().execute(query).all()
         metrics = json.loads("[" + ",".join(row[7] or "null" for row in rows) + "]")
         return [MetricPoint(*row[:7], values or {}) for row, values in zip(rows, metrics)]
 
