@@ -63,6 +63,7 @@ from tx.inference.launch.build import build_launcher
 from tx.inference.manager import EngineManager, EngineSettings
 from tx.inference.manager.external import ExternalEngine, ExternalEngineError, check_at_startup
 from tx.models.auto import is_vision_language
+from tx.models.fingerprint import model_provenance
 from tx.models.serve import resolve_served_models, tokenizer_id_for
 from tx.multimodal import ImageInputs
 from tx.store.store import Store
@@ -153,7 +154,8 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     core = build_services(store, backend, futures_, scheduler, files, signer, engines=manager,
                           training_lease=manager.training_pass, versions_kept=engines.versions_kept,
                           limits=settings.quotas, audit=audit,
-                          trainer_threads=lambda: budget.trainer_threads(bool(manager.engine_processes())))
+                          trainer_threads=lambda: budget.trainer_threads(bool(manager.engine_processes())),
+                          provenance={name: model_provenance(path) for name, path in models.items()})
     manager.reference = TrainerReference(backend, futures_, scheduler)
     logger.info("CPU threads: %d; the trainer's %d while a local engine runs; each local engine's %d",
                 budget.total, budget.trainer, budget.engine)

@@ -42,6 +42,10 @@ class RunSummary:
     steps: int
     tokens: int
     last_loss: float | None
+    name: str | None = None  # its owner's (run_labels.py)
+    tags: tuple[str, ...] = ()
+    base_revision: str | None = None  # the base model's weights it was created on (None: not recorded)
+    base_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class ConsoleViews:
             run_id=row.run_id, session_id=row.session_id, owner=row.owner, base_model=row.base_model,
             lora=lora_of(row), created_at=_utc(row.created_at), last_activity=last, state=state, queued=queued,
             steps=totals.steps if totals else 0, tokens=totals.total_tokens if totals else 0, last_loss=last_loss,
+            name=row.name, tags=tuple(row.tags or ()), base_revision=row.base_revision,
+            base_fingerprint=row.base_fingerprint,
         )
 
     def _last_losses(self, rows: list[TrainingRunRow]) -> dict[str, float]:

@@ -19,6 +19,7 @@ from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.futures import Future, FutureRegistry
 from tx.core.quotas import QuotaLimits
 from tx.core.results import ModelCreated, WeightsLoaded
+from tx.core.run_labels import NO_LABELS, RunLabels, labels_of_metadata, run_labels
 from tx.core.scheduler import Job, Scheduler
 from tx.core.sessions import live_session
 from tx.optimizers import ADAMW, OptimizerConfig
@@ -62,12 +63,14 @@ class RunService:
         lora.validate()
         self.backend.check_optimizer(optimizer)
         self.base_models.info(base_model)
+        labels = labels_of_metadata(user_metadata)
         model_id = model_id_for(session_id, model_seq_id)
 
         def run() -> ModelCreated:
             self.backend.create_model(model_id, base_model, lora, optimizer)
             with self._unloaded_if_failing(model_id):
-                self._record(model_id, session_id, owner, base_model, lora, user_metadata, optimizer)
+                self._record(model_id, session_id, owner, base_model, lora, user_metadata, optimizer,
+                             labels=labels)
             return ModelCreated(model_id)
 
         return self._start(owner, session_id, model_id, "CreateModel", run, lambda: lora.rank,
@@ -81,6 +84,7 @@ class RunService:
         if optimizer is not None:
             self.backend.check_optimizer(optimizer)
         source, source_run = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
+        self.base_models.check_same_weights(source_run, str(source))
         model_id = model_id_for(session_id, model_seq_id)
 
         def run() -> WeightsLoaded:
@@ -94,7 +98,7 @@ class RunService:
             with self._unloaded_if_failing(model_id):
                 self.backend.load_state(model_id, directory, with_optimizer=with_optimizer)
                 self._record(model_id, session_id, owner, base_model, lora, source_run.user_metadata, kind,
-                             str(source))
+                             str(source), RunLabels(source_run.name, tuple(source_run.tags or ())))
             return WeightsLoaded(path=str(source), model_id=model_id)
 
         def rank() -> int:  # read at submission, for the key's quota
@@ -187,6 +191,13 @@ class RunService:
             self.backend.delete_model(model_id)
             raise
 
+    def set_labels(self, owner: str, run_id: str, name: str | None, tags: list[str] | None) -> RunLabels:
+        """Name and tag the owner's run (None: that one unchanged); its labels now."""
+        run = self.store.get_run(run_id, owner)
+        labels = run_labels(run.name if name is None else name, (run.tags or []) if tags is None else tags)
+        self.store.set_run_labels(run_id, owner, labels.name, list(labels.tags) or None)
+        return labels
+
     def forget_session(self, owner: str, session_id: str) -> None:
         """The session ended: its runs' models leave the trainer (their rows and checkpoints stay)."""
         for model_id in self.store.runs_of_session(session_id):
@@ -200,11 +211,16 @@ class RunService:
         return lambda: self.backend.delete_model(model_id)
 
     def _record(self, model_id: str, session_id: str, owner: str, base_model: str, lora: LoraConfig,
-                user_metadata: dict[str, Any] | None, optimizer: OptimizerConfig, source: str | None = None) -> None:
+                user_metadata: dict[str, Any] | None, optimizer: OptimizerConfig, source: str | None = None,
+                labels: RunLabels = NO_LABELS) -> None:
+        weights = self.base_models.provenance(base_model)
         self.store.create_run(TrainingRunRow(
             run_id=model_id, session_id=session_id, owner=owner, base_model=base_model, lora_rank=lora.rank,
             lora_config=asdict(lora), user_metadata=user_metadata,
             optimizer_config={"type": optimizer.kind, "version": optimizer.version},
+            base_revision=weights.revision if weights else None,
+            base_fingerprint=weights.fingerprint if weights else None,
+            name=labels.name, tags=list(labels.tags) or None,
         ))
         self.catalog.audit.record("run_create", owner, run_id=model_id, base_model=base_model, lora_rank=lora.rank,
                                   optimizer=optimizer.kind, **({"from_checkpoint": source} if source else {}))

@@ -3,7 +3,7 @@ lifespan and the in-process tests build them the same way; `tx/api/app.py` adds 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tx.backends.base import TrainingBackend
@@ -26,6 +26,7 @@ from tx.core.scheduler import Scheduler
 from tx.core.sequencing import Lease, Sequencer
 from tx.core.sessions import SessionService
 from tx.core.training import TrainingCalls
+from tx.models.fingerprint import ModelProvenance
 from tx.store.store import Store
 
 
@@ -51,12 +52,15 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
                    files: CheckpointFiles, signer: DownloadSigner, *, engines: SamplerEngines | None = None,
                    training_lease: Lease | None = None, versions_kept: int = 8,
                    limits: QuotaLimits | None = None, audit: AuditTrail | None = None,
-                   trainer_threads: Callable[[], int] | None = None) -> Services:
+                   trainer_threads: Callable[[], int] | None = None,
+                   provenance: Mapping[str, ModelProvenance] | None = None) -> Services:
     """`engines`: where sampler saves go (the engine manager; None: nowhere). `training_lease`: held around
     each training pass (the manager's, which puts colocated engines to sleep). `limits`: every key's quotas.
-    `trainer_threads`: the trainer's CPU threads now (`tx/cpu.py`; None: the backend keeps its own)."""
+    `trainer_threads`: the trainer's CPU threads now (`tx/cpu.py`; None: the backend keeps its own).
+    `provenance`: each served base model's revision and fingerprint, recorded with every run and checked when a
+    checkpoint is loaded (None: unknown, neither recorded nor checked)."""
     limits = limits or QuotaLimits()
-    base_models = BaseModels(backend)
+    base_models = BaseModels(backend, provenance)
     catalog = CheckpointCatalog(store, files, signer, engines, audit or AuditTrail(store))
     custom_losses = CustomLosses(store, futures, backend, limits)
     runs = RunService(store, backend, futures, scheduler, catalog, base_models, limits)
@@ -67,7 +71,7 @@ def build_services(store: Store, backend: TrainingBackend, futures: FutureRegist
         sessions=SessionService(store, futures, signer, on_finish=[custom_losses, runs, records], limits=limits),
         runs=runs,
         training=TrainingCalls(sequencer, backend, custom_losses, catalog, records, training_lease, recorder,
-                               trainer_threads),
+                               trainer_threads, base_models),
         sequencer=sequencer,
         checkpoints=CheckpointWriter(sequencer, backend, files, engines, versions_kept, catalog.audit),
         catalog=catalog,

@@ -11,6 +11,7 @@ from typing import TypeVar
 from tx.backends.base import TrainingBackend
 from tx.backends.provenance import apply_records, named_sequences, needs_records
 from tx.core import quotas
+from tx.core.base_models import BaseModels
 from tx.core.checkpoints.catalog import CheckpointCatalog
 from tx.core.custom_losses import CustomLosses
 from tx.core.futures import Future
@@ -46,9 +47,11 @@ class Part:
 class TrainingCalls:
     def __init__(self, sequencer: Sequencer, backend: TrainingBackend, custom_losses: CustomLosses,
                  catalog: CheckpointCatalog, records: StabilityRecords, training_lease: Lease | None = None,
-                 recorder: MetricsRecorder | None = None, threads: Callable[[], int] | None = None) -> None:
+                 recorder: MetricsRecorder | None = None, threads: Callable[[], int] | None = None,
+                 base_models: BaseModels | None = None) -> None:
         """`threads`: the trainer's share of the machine's CPU threads now (`tx/cpu.py`), asked before each
-        pass; None leaves the backend's threads alone."""
+        pass; None leaves the backend's threads alone. `base_models`: checks a loaded checkpoint's base weights
+        (None: not checked)."""
         self.sequencer = sequencer
         self.backend = backend
         self.custom_losses = custom_losses
@@ -59,6 +62,7 @@ class TrainingCalls:
         self.recorder = recorder  # per-step metrics for the console (None: not recorded)
         self.trained_by_owner: dict[str, int] = {}  # the same, per key (only the training thread writes them)
         self._threads = threads
+        self.base_models = base_models
         self.shared_passes = 0  # passes that ran several runs' calls together, and the calls they ran
         self.shared_calls = 0
 
@@ -146,7 +150,9 @@ class TrainingCalls:
     def load_state(self, owner: str, model_id: str, seq_id: int, path: str, with_optimizer: bool) -> Future:
         """Legacy TrainingClient.load_state*: load a checkpoint into this existing run (with its optimizer's state
         only if it is the run's optimizer)."""
-        source, _ = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
+        source, source_run = self.catalog.readable(owner, path, kinds=("weights",), purpose="load")
+        if self.base_models is not None:
+            self.base_models.check_same_weights(source_run, str(source))
         if with_optimizer:
             saved = self.backend.read_state_optimizer(self.catalog.files.require(source))
             mine = optimizer_of_row(self.sequencer.run(model_id, owner))

@@ -53,6 +53,10 @@ class RunView:
     optimizer: OptimizerConfig = ADAMW
     last_checkpoint: CheckpointView | None = None
     last_sampler_checkpoint: CheckpointView | None = None
+    name: str | None = None  # its owner's (run_labels.py)
+    tags: tuple[str, ...] = ()
+    base_revision: str | None = None  # the base model's weights it was created on (None: not recorded)
+    base_fingerprint: str | None = None
 
     @classmethod
     def of(cls, row: TrainingRunRow, latest: dict[tuple[str, str], CheckpointRow] | None = None) -> RunView:
@@ -64,6 +68,8 @@ class RunView:
             user_metadata=row.user_metadata, optimizer=optimizer_of_row(row),
             last_checkpoint=CheckpointView.of(last) if last else None,
             last_sampler_checkpoint=CheckpointView.of(last_sampler) if last_sampler else None,
+            name=row.name, tags=tuple(row.tags or ()), base_revision=row.base_revision,
+            base_fingerprint=row.base_fingerprint,
         )
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
@@ -54,4 +56,27 @@ def _weight_file_sample(path: Path) -> bytes:
     return hashlib.sha256(b"".join(parts)).digest()
 
 
-__all__ = ["model_fingerprint"]
+@dataclass(frozen=True)
+class ModelProvenance:
+    """Which weights a served base model is: what each training run records at create (migration 0009)."""
+
+    revision: str | None  # the hub commit of its snapshot; None for a local directory
+    fingerprint: str  # model_fingerprint of its files
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def hub_revision(model_dir: Path) -> str | None:
+    """The commit of a hub-cache snapshot (`.../models--Org--Name/snapshots/<commit>`); None for any other
+    directory (a local model has no hub revision)."""
+    model_dir = Path(model_dir)
+    in_cache = model_dir.parent.name == "snapshots" and model_dir.parent.parent.name.startswith("models--")
+    return model_dir.name if in_cache and _COMMIT.fullmatch(model_dir.name) else None
+
+
+def model_provenance(model_dir: Path) -> ModelProvenance:
+    return ModelProvenance(hub_revision(model_dir), model_fingerprint(model_dir))
+
+
+__all__ = ["ModelProvenance", "hub_revision", "model_fingerprint", "model_provenance"]

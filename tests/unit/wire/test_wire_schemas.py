@@ -50,7 +50,7 @@ from tx.api.wire.schemas.models import (
     OptimStepRequest,
     OptimStepResponse,
 )
-from tx.api.wire.schemas.runs import TrainingRun, TrainingRunsResponse, WeightsInfoResponse
+from tx.api.wire.schemas.runs import TX_EXTRAS, TrainingRun, TrainingRunsResponse, WeightsInfoResponse
 from tx.api.wire.schemas.sampling import (
     CreateSamplingSessionRequest,
     CreateSamplingSessionResponse,
@@ -301,6 +301,8 @@ def test_sdk_accepts_our_responses(response: pydantic.BaseModel, sdk_type: type,
     parsed = sdk_type.model_validate(wire)
     expected = response.model_dump(mode="json", exclude_none=True)
     expected.pop("queue_state_reason", None)  # read from the raw dict, see below
+    for name in TX_EXTRAS:  # tx's own fields, which the SDK's response types ignore (extra="ignore")
+        expected.pop(name, None)
     assert parsed.model_dump(mode="json", exclude_none=True) == expected
 
 
@@ -308,7 +310,15 @@ def test_sdk_accepts_our_responses(response: pydantic.BaseModel, sdk_type: type,
 def test_responses_have_the_sdks_fields(response: pydantic.BaseModel, sdk_type: type):
     # The SDK reads queue_state_reason straight from the try_again dict, not through its model.
     read_from_raw_dict = {"queue_state_reason"}
-    assert set(type(response).model_fields) - read_from_raw_dict == set(sdk_type.model_fields)
+    assert set(type(response).model_fields) - read_from_raw_dict - TX_EXTRAS == set(sdk_type.model_fields)
+
+
+def test_the_sdk_ignores_the_run_fields_tx_adds():
+    wire = TrainingRun(training_run_id="s:train:0", base_model="b", model_owner="me", is_lora=True,
+                       last_request_time=_NOW, name="n", tags=["a"], base_revision="c" * 40,
+                       base_fingerprint="sha256:0").model_dump(mode="json")
+    assert sdk.TrainingRun.model_config.get("extra") == "ignore"
+    assert sdk.TrainingRun.model_validate(wire).training_run_id == "s:train:0"
 
 
 def test_client_config_flags_tx_sends():

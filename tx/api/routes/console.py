@@ -29,6 +29,8 @@ from tx.api.wire.schemas.console import (
     PlaygroundRequest,
     PlaygroundResponse,
     PlaygroundSample,
+    RunLabelsRequest,
+    RunLabelsResponse,
     RunMetrics,
     SampledToken,
     TimelineSpan,
@@ -60,6 +62,13 @@ async def me(request: Request, ctx: Ctx, caller: Caller) -> ConsoleMe:
 async def runs(request: Request, ctx: Ctx, caller: Caller, limit: int = Limit, offset: int = Offset) -> ConsoleRuns:
     found, total = await asyncio.to_thread(ctx.console.runs, scope_of(request, caller.owner), limit, offset)
     return ConsoleRuns(runs=[_run(r) for r in found], total=total)
+
+
+@router.patch("/runs/{run_id}", responses=error_responses(400))
+async def label_run(run_id: str, body: RunLabelsRequest, ctx: Ctx, caller: Caller) -> RunLabelsResponse:
+    """Name and tag a run: its owner only (another key's run, an operator's included, is a 404)."""
+    labels = await asyncio.to_thread(ctx.runs.set_labels, caller.owner, run_id, body.name, body.tags)
+    return RunLabelsResponse(name=labels.name, tags=list(labels.tags))
 
 
 @router.get("/runs/{run_id}/metrics")
@@ -174,7 +183,8 @@ def _run(run: RunSummary) -> ConsoleRun:
         run_id=run.run_id, session_id=run.session_id, owner=run.owner, base_model=run.base_model,
         lora_rank=run.lora.rank, created_at=run.created_at, last_activity=run.last_activity,
         state=run.state, queued=run.queued, steps=run.steps, tokens=run.tokens,
-        last_loss=run.last_loss,
+        last_loss=run.last_loss, name=run.name, tags=list(run.tags), base_revision=run.base_revision,
+        base_fingerprint=run.base_fingerprint,
     )
 
 

@@ -64,4 +64,5 @@ def _run(run: RunView) -> TrainingRun:
         last_checkpoint=checkpoint_view(run.last_checkpoint) if run.last_checkpoint else None,
         last_sampler_checkpoint=checkpoint_view(run.last_sampler_checkpoint) if run.last_sampler_checkpoint else None,
         user_metadata=str_values(run.user_metadata),
+        name=run.name, tags=list(run.tags), base_revision=run.base_revision, base_fingerprint=run.base_fingerprint,
     )

@@ -62,7 +62,8 @@ class WeightCopies:
         run = TrainingRunRow(run_id=run_id, session_id=session.session_id if session else target.session_id,
                              owner=owner, base_model=source_run.base_model, lora_rank=source_run.lora_rank,
                              lora_config=dict(source_run.lora_config), user_metadata=None,
-                             copied_from=str(source), copy_request=request_key or None)
+                             copied_from=str(source), copy_request=request_key or None,
+                             base_revision=source_run.base_revision, base_fingerprint=source_run.base_fingerprint)
         checkpoint = CheckpointRow(run_id=run_id, checkpoint_id=dest.checkpoint_id, kind=dest.kind, owner=owner,
                                    size_bytes=size, created_at=now, public=False,
                                    expires_at=now + timedelta(seconds=ttl_s) if ttl_s is not None else None)

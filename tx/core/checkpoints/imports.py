@@ -84,8 +84,11 @@ class AdapterImports:
             upload.unlink(missing_ok=True)
         assert lora is not None
         now = utcnow()
+        weights = self.base_models.provenance(base_model)  # the base it was imported onto
         run = TrainingRunRow(run_id=path.run_id, session_id=session.session_id, owner=owner, base_model=base_model,
-                             lora_rank=lora.rank, lora_config=asdict(lora), user_metadata=None)
+                             lora_rank=lora.rank, lora_config=asdict(lora), user_metadata=None,
+                             base_revision=weights.revision if weights else None,
+                             base_fingerprint=weights.fingerprint if weights else None)
         checkpoint = CheckpointRow(run_id=path.run_id, checkpoint_id=path.checkpoint_id, kind=path.kind, owner=owner,
                                    size_bytes=tree_size(self.files.directory(path)), created_at=now, public=False,
                                    expires_at=None)

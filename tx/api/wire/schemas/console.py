@@ -34,6 +34,23 @@ class ConsoleRun(WireResponse):
     steps: int = Field(description="optimizer steps recorded (forward calls after the last one are not a step)")
     tokens: int = Field(description="target tokens trained on (forward_backward)")
     last_loss: float | None = Field(description="loss per token of the newest forward_backward")
+    name: str | None = Field(default=None, description="the run's name, set by its owner")
+    tags: list[str] = Field(default_factory=list, description="the run's tags, set by its owner")
+    base_revision: str | None = Field(default=None, description="the base model's hub commit at create (null: a "
+                                      "local directory, or a run recorded before tx kept it)")
+    base_fingerprint: str | None = Field(default=None, description="the base weights' fingerprint at create")
+
+
+class RunLabelsRequest(WireRequest):
+    """PATCH /console/runs/{run_id}: a field left out is left as it is; name "" clears the name."""
+
+    name: str | None = Field(default=None, max_length=10_000)
+    tags: list[str] | None = Field(default=None, max_length=1_000)
+
+
+class RunLabelsResponse(WireResponse):
+    name: str | None
+    tags: list[str]
 
 
 class ConsoleRuns(WireResponse):

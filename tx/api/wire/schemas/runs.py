@@ -36,6 +36,17 @@ class TrainingRun(WireResponse):
     last_checkpoint: Checkpoint | None = None
     last_sampler_checkpoint: Checkpoint | None = None
     user_metadata: dict[str, str] | None = None
+    # tx's own (the SDK's TrainingRun ignores fields it does not know)
+    name: str | None = Field(default=None, description="tx: the run's name, set by its owner")
+    tags: list[str] = Field(default_factory=list, description="tx: the run's tags, set by its owner")
+    base_revision: str | None = Field(default=None, description="tx: the base model's hub commit at create "
+                                      "(null: a local directory, or a run recorded before tx kept it)")
+    base_fingerprint: str | None = Field(default=None, description="tx: the base weights' fingerprint at create "
+                                         "(null: a run recorded before tx kept it)")
+
+
+# what tx's TrainingRun adds to the SDK's (which ignores unknown fields): docs/wire-contract.md
+TX_EXTRAS = frozenset({"name", "tags", "base_revision", "base_fingerprint"})
 
 
 class TrainingRunsResponse(WireResponse):
