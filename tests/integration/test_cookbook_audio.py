@@ -223,9 +223,9 @@ def test_emotion_evaluate(fixture: CookbookFixture, server: TxServer, expresso: 
 
 
 def test_medical_asr_train(fixture: CookbookFixture, server: TxServer) -> None:
-    write_ekacare_standin(fixture.dataset_dir(EKACARE_ID))  # 10 clips: 8 train / 2 eval
+    write_ekacare_standin(fixture.dataset_dir(EKACARE_ID))  # 10 clips: 8 train / 2 eval (one batch of 2: test/nll)
     run = recipe("tinker_cookbook.recipes.audio.medical_asr.train", {
-        "batch_size": 4, "num_epochs": 1, "max_steps": 2, "eval_every": 1, "save_every": 1,
+        "batch_size": 2, "num_epochs": 1, "max_steps": 2, "eval_every": 1, "save_every": 1,
         "max_tokens": MAX_TOKENS, "lora_rank": 4, "audio_cache_dir": fixture.root / "medical-clips"},
         fixture, server, "medical-asr")
     assert_trained(run, 2)
