@@ -156,6 +156,10 @@ def _image_arguments(p: argparse.ArgumentParser) -> None:
         help="a network (CIDR) asset fetches may reach although it is not public; repeatable",
     )
     p.add_argument("--asset-fetch-timeout-s", type=float, help="time limit of one asset fetch (default 10)")
+    p.add_argument("--audio-max-frames", type=int,
+                   help="audio (DMel) frames over one prompt's or datum's clips (default 30000)")
+    p.add_argument("--audio-max-bytes", type=int,
+                   help="bytes of DMel data over one prompt's or datum's clips (default 8 MiB)")
 
 
 def _make_tiny_parser(sub: argparse._SubParsersAction) -> None:

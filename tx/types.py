@@ -115,7 +115,25 @@ class ImageAssetPointer:
     expected_tokens: int | None = None
 
 
-Chunk = Union[TextChunk, ImageChunk, ImageAssetPointer]
+@dataclass(frozen=True, eq=False)
+class AudioChunk:
+    """A DMel clip as the client sent it (`data`: the SDK's TensorContainer bytes) and decoded (`levels`: int64,
+    (frames, mel bins)); one frame is one placeholder token of the model (docs/model-families.md#audio-in)."""
+
+    data: bytes
+    levels: np.ndarray
+
+    @property
+    def length(self) -> int:
+        """Frames: the tokens the chunk takes, as the SDK counts them (`DmelChunk.length`, dim 0)."""
+        return int(self.levels.shape[0])
+
+    @property
+    def expected_tokens(self) -> int:
+        return self.length
+
+
+Chunk = Union[TextChunk, ImageChunk, ImageAssetPointer, AudioChunk]
 
 
 @dataclass(frozen=True)
@@ -128,12 +146,22 @@ class ModelInput:
 
     @property
     def has_images(self) -> bool:
-        return any(not isinstance(c, TextChunk) for c in self.chunks)
+        return any(isinstance(c, (ImageChunk, ImageAssetPointer)) for c in self.chunks)
+
+    @property
+    def has_audio(self) -> bool:
+        return any(isinstance(c, AudioChunk) for c in self.chunks)
+
+    @property
+    def is_text(self) -> bool:
+        return all(isinstance(c, TextChunk) for c in self.chunks)
 
     def text_tokens(self) -> list[int]:
-        """All tokens of a text-only input; a UserError if it holds images."""
+        """All tokens of a text-only input; a UserError if it holds images or audio."""
         if self.has_images:
             raise UserError("this model takes text only: the input holds image chunks")
+        if self.has_audio:
+            raise UserError("this model takes text only: the input holds audio (dmel) chunks")
         return [t for c in self.chunks if isinstance(c, TextChunk) for t in c.tokens]
 
 
@@ -277,12 +305,27 @@ class PlacedImage:
     num_tokens: int
 
 
+@dataclass(frozen=True, eq=False)
+class PlacedAudio:
+    """One audio clip of an expanded input: its levels (int64, (frames, mel bins)) and the placeholder span it
+    fills (one token per frame)."""
+
+    levels: np.ndarray
+    offset: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.levels.shape[0])
+
+
 @dataclass(frozen=True)
 class ExpandedInput:
-    """A model input as the model sees it: token ids with image placeholders, and the images filling them."""
+    """A model input as the model sees it: token ids with image and audio placeholders, and the images and
+    audio clips filling them."""
 
     token_ids: list[int]
     images: tuple[PlacedImage, ...] = ()
+    audio: tuple[PlacedAudio, ...] = ()
 
     def image_mask(self) -> list[int]:
         """`mm_token_type_ids`: 1 at image placeholder positions, 0 at text."""

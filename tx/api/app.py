@@ -133,7 +133,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     engines = settings.engines
     externals = check_at_startup(engines.urls, engines.secret_value(), models,  # before the slow parts
                                  engines.max_adapters)
-    images = ImageInputs.from_section(settings.images)
+    images = ImageInputs.from_section(settings.images, settings.audio)
     colocate = engines.resolved_colocate()
     with_external = {e.base_model for e in externals}
     num_engines = sum(engines.managed_count(name in with_external) for name in models)
@@ -142,7 +142,7 @@ def build_context(settings: Settings, loop: asyncio.AbstractEventLoop) -> tuple[
     launcher = build_launcher(engines, settings.trainer, work_dir=settings.data_dir / "engines",
                               num_engines=num_engines, colocate=colocate, model_dirs=managed,
                               threads=budget.engine)
-    backend = create_backend(models, settings.trainer, image_limits=images.limits,
+    backend = create_backend(models, settings.trainer, image_limits=images.limits, audio_limits=images.audio,
                              ray_options=trainer_placement(launcher, loop), threads=budget.total)
     store = Store.from_url(settings.store_url)
     futures_ = FutureRegistry(loop, settings.future_ttl_s)

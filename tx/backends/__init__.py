@@ -11,7 +11,7 @@ from tx.backends.base import TrainingBackend
 from tx.config.sections import TrainerSection
 
 if TYPE_CHECKING:
-    from tx.multimodal import ImageLimits
+    from tx.multimodal import AudioLimits, ImageLimits
 
 
 def create_backend(
@@ -19,6 +19,7 @@ def create_backend(
     trainer: TrainerSection | None = None,
     *,
     image_limits: ImageLimits | None = None,
+    audio_limits: AudioLimits | None = None,
     ray_options: Callable[[int], dict[str, Any]] | None = None,
     threads: int = 0,
 ) -> TrainingBackend:
@@ -32,11 +33,12 @@ def create_backend(
 
         per_worker = max(1, threads // trainer.workers) if threads and ray_options is None else 0
         return create_workers_backend(models, trainer.workers, device=trainer.device, image_limits=image_limits,
-                                      trainer=trainer, ray_options=ray_options, threads=per_worker)
+                                      audio_limits=audio_limits, trainer=trainer, ray_options=ray_options, threads=per_worker)
     if trainer.backend == "torch":
         from tx.backends.torch.backend import TorchBackend
 
-        return TorchBackend(models, device=trainer.device, image_limits=image_limits, settings=trainer)
+        return TorchBackend(models, device=trainer.device, image_limits=image_limits, settings=trainer,
+                            audio_limits=audio_limits)
     return _jax_backend(models, trainer)
 
 

@@ -28,10 +28,13 @@ from pathlib import Path
 import numpy as np
 
 from tx.backends.losses import TARGET_KEY, LossFn, batch_loss
+from tx.multimodal.audio import AudioLimits, AudioSpec, audio_spec, check_audio_caps
 from tx.multimodal.images import ImageLimits, check_image_size
 from tx.multimodal.prompt import vision_processor
 from tx.types import (
+    AudioChunk,
     BaseModelInfo,
+    Chunk,
     CustomLoss,
     Datum,
     ForwardBackwardInput,
@@ -52,13 +55,19 @@ class DatumRules:
     takes_images: bool = False
     """A vision-language model: image chunks become its placeholder tokens. Otherwise they are refused."""
     image_limits: ImageLimits = field(default_factory=ImageLimits)
+    audio: AudioSpec | None = None
+    """What audio the model takes (`tx.multimodal.audio`); None: dmel chunks are refused."""
+    audio_limits: AudioLimits = field(default_factory=AudioLimits)
 
     @classmethod
     def of_model_dir(
-        cls, info: BaseModelInfo, model_dir: Path, max_tokens: int | None, image_limits: ImageLimits
+        cls, info: BaseModelInfo, model_dir: Path, max_tokens: int | None, image_limits: ImageLimits,
+        audio_limits: AudioLimits | None = None,
     ) -> DatumRules:
-        """The rules of the HF model in `model_dir`: it takes images if it has an image processor."""
-        return cls(info, max_tokens, vision_processor(model_dir) is not None, image_limits)
+        """The rules of the HF model in `model_dir`: it takes images if it has an image processor, audio if its
+        config and class say so (`AudioSpec.load`)."""
+        return cls(info, max_tokens, vision_processor(model_dir) is not None, image_limits,
+                   audio_spec(model_dir), audio_limits or AudioLimits())
 
 
 def check_batch(batch: ForwardBackwardInput, rules: DatumRules) -> None:
@@ -147,23 +156,52 @@ def check_targets(targets: np.ndarray, info: BaseModelInfo, index: int) -> None:
 
 
 def text_tokens(model_input: ModelInput, index: int) -> np.ndarray:
-    """A text-only input's token ids (int64); UserError naming the datum if it holds images."""
-    if model_input.has_images:
-        raise UserError(f"datum {index}: this model takes text only: the input holds image chunks")
+    """A text-only input's token ids (int64); UserError naming the datum if it holds images or audio."""
+    try:
+        model_input.text_tokens()
+    except UserError as exc:
+        raise UserError(f"datum {index}: {exc}") from None
     return _text_ids(model_input)
 
 
 def _declared(model_input: ModelInput, rules: DatumRules, index: int) -> tuple[np.ndarray, int, bool]:
-    """The datum's text token ids, the image tokens its images declare, and whether every image declares."""
-    if not rules.takes_images:
+    """The datum's text token ids, the image and audio tokens its chunks declare, and whether every image
+    declares (a clip always does: its frames)."""
+    if not rules.takes_images and rules.audio is None:
         return text_tokens(model_input, index), 0, True
-    images = [chunk for chunk in model_input.chunks if not isinstance(chunk, TextChunk)]
     for number, chunk in enumerate(model_input.chunks):
         if isinstance(chunk, ImageChunk):
             _check_image_bytes(chunk, rules.image_limits, index, number)
-    declared = sum(image.expected_tokens or 0 for image in images)
-    exact = all(image.expected_tokens is not None for image in images)
+        _check_takes(chunk, rules, index, number)
+    _check_audio(model_input, rules, index)
+    others = [chunk for chunk in model_input.chunks if not isinstance(chunk, TextChunk)]
+    declared = sum(chunk.expected_tokens or 0 for chunk in others)
+    exact = all(chunk.expected_tokens is not None for chunk in others)
     return _text_ids(model_input), declared, exact
+
+
+def _check_takes(chunk: Chunk, rules: DatumRules, index: int, number: int) -> None:
+    """A UserError naming datum and chunk when the model does not take the chunk's kind, or its clip."""
+    try:
+        if isinstance(chunk, AudioChunk):
+            if rules.audio is None:
+                raise UserError(f"{rules.info.name} takes no audio: the input holds a dmel chunk")
+            rules.audio.check(chunk)
+        elif not isinstance(chunk, TextChunk) and not rules.takes_images:
+            raise UserError(f"{rules.info.name} takes no images: the input holds an image chunk")
+    except UserError as exc:
+        raise UserError(f"datum {index}: chunk {number}: {exc}") from None
+
+
+def _check_audio(model_input: ModelInput, rules: DatumRules, index: int) -> None:
+    """The audio caps on one datum's clips, and no audio placeholder in its text."""
+    clips = [chunk for chunk in model_input.chunks if isinstance(chunk, AudioChunk)]
+    try:
+        check_audio_caps(clips, rules.audio_limits)
+        if rules.audio is not None:
+            rules.audio.check_text(_text_ids(model_input))
+    except UserError as exc:
+        raise UserError(f"datum {index}: {exc}") from None
 
 
 def _check_image_bytes(chunk: ImageChunk, limits: ImageLimits, index: int, number: int) -> None:

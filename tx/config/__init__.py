@@ -4,11 +4,11 @@ Values come from, in order of precedence: CLI flags (`tx serve --flag`), `TX_*` 
 variables, then the defaults below. The CLI only fills fields of this object; there is no other
 way to configure tx.
 
-`Settings` holds the server's own fields (address, keys, store, limits, timeouts) and four sections
+`Settings` holds the server's own fields (address, keys, store, limits, timeouts) and five sections
 (`sections.py`): `trainer` (`TrainerSection`, read by `tx/backends/`), `engines` (`EngineSection`, read by
-`tx/inference/`), `images` (`ImagesSection`, read by `tx/multimodal/`) and `quotas` (`QuotaSection`, read by
-`tx/core/quotas.py`). A component takes its section,
-not `Settings`. `names.py` holds the names settings choose between (engine kinds, dtypes).
+`tx/inference/`), `images` (`ImagesSection`, read by `tx/multimodal/`), `audio` (`AudioSection`, likewise) and
+`quotas` (`QuotaSection`, read by `tx/core/quotas.py`). A component takes its section, not `Settings`.
+`names.py` holds the names settings choose between (engine kinds, dtypes).
 
 Names stay flat for users. A section's field is set under its flat name, which is its `validation_alias`
 (or its own name when it has none): `--train-dtype` and `TX_TRAIN_DTYPE` set `trainer.dtype`, as in the
@@ -37,7 +37,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from tx.config.sections import EngineSection, ImagesSection, QuotaSection, Section, TrainerSection
+from tx.config.sections import AudioSection, EngineSection, ImagesSection, QuotaSection, Section, TrainerSection
 
 DEFAULT_MODEL = "tiny-qwen3"
 
@@ -199,6 +199,7 @@ class Settings(BaseSettings):
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="The trainer.")
     engines: EngineSection = Field(default_factory=EngineSection, description="The inference engines.")
     images: ImagesSection = Field(default_factory=ImagesSection, description="Images in inputs.")
+    audio: AudioSection = Field(default_factory=AudioSection, description="Audio in inputs.")
     quotas: QuotaSection = Field(default_factory=QuotaSection, description="What each API key may hold.")
 
     @classmethod

@@ -346,6 +346,21 @@ class ImagesSection(Section):
         return networks
 
 
+class AudioSection(Section):
+    """Audio (DMel chunks) in inputs (`tx/multimodal/audio.py`): the caps on one request's clips. The server
+    takes DMel tokens only; it never decodes audio files."""
+
+    max_frames: int = Field(
+        default=30_000, ge=1, validation_alias="audio_max_frames",
+        description="Audio frames (placeholder tokens), over all clips, in one sampling prompt or training datum.",
+    )
+    max_bytes: int = Field(
+        default=8 << 20, ge=1, validation_alias="audio_max_bytes",
+        description="Bytes of DMel data (TensorContainers), over all clips, in one sampling prompt or training "
+        "datum.",
+    )
+
+
 class QuotaSection(Section):
     """What each API key may hold (`tx/core/quotas.py`, which checks them): one set of limits for every key, with
     defaults that serve a small team on one node. Flat names `quota_<name>` (`--quota-runs`, `TX_QUOTA_RUNS`)."""
@@ -366,6 +381,9 @@ class QuotaSection(Section):
                                description="Custom losses a key keeps uploaded (in memory).")
     images_per_request: int = Field(default=16, ge=1, validation_alias="quota_images_per_request",
                                     description="Images (and asset pointers) in one sampling prompt or one training datum.")
+    audio_frames_per_request: int = Field(
+        default=30_000, ge=1, validation_alias="quota_audio_frames_per_request",
+        description="Audio (DMel) frames, over all clips, in one sampling prompt or one training datum.")
 
     def as_dict(self) -> dict[str, int]:
         """{quota: limit}."""

@@ -11,6 +11,7 @@ Each quota is checked where its use is decided, before anything is held:
 | checkpoint_bytes | `CheckpointWriter`, `WeightCopies` | the key deletes checkpoints, or they expire |
 | custom_losses | `CustomLosses.create` | the key's sessions end |
 | images_per_request | at submission | (a shape rule: send fewer images) |
+| audio_frames_per_request | at submission | (a shape rule: send shorter clips) |
 
 Past a quota the call fails with `QuotaExceededError`: HTTP 429 with Retry-After for a transient one, 403
 otherwise, with a message that names the quota, the use, the limit and the setting that raises it. Operators see
@@ -33,6 +34,7 @@ UNITS = {
     "queued_training_bytes": "bytes of queued training requests", "samples_in_flight": "sequences being sampled",
     "checkpoint_bytes": "bytes of checkpoints on disk", "custom_losses": "custom losses",
     "images_per_request": "images in one prompt or datum",
+    "audio_frames_per_request": "audio frames in one prompt or datum",
 }
 TRANSIENT = frozenset({"queued_training_bytes", "samples_in_flight"})
 _FREE = {
@@ -44,6 +46,7 @@ _FREE = {
     "checkpoint_bytes": "delete checkpoints you no longer need",
     "custom_losses": "finish sessions whose losses you no longer use",
     "images_per_request": "send fewer images per request",
+    "audio_frames_per_request": "send shorter or fewer audio clips per request",
 }
 
 

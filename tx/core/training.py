@@ -23,6 +23,7 @@ from tx.core.sequencing import Lease, Sequencer
 from tx.core.views import optimizer_of_row
 from tx.optimizers import OptimParams, check_params_fit
 from tx.types import (
+    AudioChunk,
     ForwardBackwardInput,
     ForwardBackwardResult,
     ImageChunk,
@@ -99,6 +100,7 @@ class TrainingCalls:
         joinable = Joinable(run.base_model, part, self._train_together)
         tokens, size, images = measure(batch)
         quotas.check("images_per_request", 0, images, self.sequencer.limits.images_per_request)
+        check_audio_frames(batch, self.sequencer.limits.audio_frames_per_request)
         return self.sequencer.submit(owner, model_id, seq_id, kind, train, lease, check, cost=tokens, size=size,
                                      joinable=joinable, run=run)
 
@@ -166,6 +168,13 @@ class TrainingCalls:
         return self.sequencer.submit(owner, model_id, seq_id, "LoadWeights", run)
 
 
+def check_audio_frames(batch: ForwardBackwardInput, limit: int) -> None:
+    """The audio quota bounds one datum's frames, as it bounds one sampling prompt's."""
+    frames = max((sum(c.length for c in d.model_input.chunks if isinstance(c, AudioChunk)) for d in batch.data),
+                 default=0)
+    quotas.check("audio_frames_per_request", 0, frames, limit)
+
+
 def measure(batch: ForwardBackwardInput) -> tuple[int, int, int]:
     """(tokens, bytes, images) of a batch: what fair share charges, what its queue holds, and the most images in one
     datum (the images quota bounds one sequence, as it bounds one sampling prompt; a batch's total is bounded by
@@ -177,6 +186,9 @@ def measure(batch: ForwardBackwardInput) -> tuple[int, int, int]:
             if isinstance(chunk, TextChunk):
                 tokens += chunk.length
                 size += 8 * chunk.length
+            elif isinstance(chunk, AudioChunk):  # its frames: under the audio quota (`check_audio_frames`)
+                tokens += chunk.length
+                size += len(chunk.data)
             else:
                 in_datum += 1
                 tokens += chunk.expected_tokens or 0

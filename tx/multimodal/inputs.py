@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tx.config.sections import ImagesSection
+from tx.config.sections import AudioSection, ImagesSection
+from tx.multimodal.audio import AudioLimits, check_audio_caps
 from tx.multimodal.fetch import AssetPolicy, Resolver, fetch_asset, system_resolver
 from tx.multimodal.images import ImageLimits, decode_image
-from tx.types import Chunk, ImageAssetPointer, ImageChunk, ModelInput, SampleRequest, UserError
+from tx.types import AudioChunk, Chunk, ImageAssetPointer, ImageChunk, ModelInput, SampleRequest, UserError
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,10 @@ class ImageInputs:
     limits: ImageLimits = field(default_factory=ImageLimits)
     assets: AssetPolicy = field(default_factory=AssetPolicy)
     resolve: Resolver = system_resolver
+    audio: AudioLimits = field(default_factory=AudioLimits)
 
     @classmethod
-    def from_section(cls, section: ImagesSection) -> ImageInputs:
+    def from_section(cls, section: ImagesSection, audio: AudioSection | None = None) -> ImageInputs:
         limits = ImageLimits(max_bytes=section.max_bytes, max_pixels=section.max_pixels)
         assets = AssetPolicy(
             roots=tuple(Path(root) for root in section.asset_roots),
@@ -32,11 +34,13 @@ class ImageInputs:
             max_bytes=section.max_bytes,
             timeout_s=section.asset_fetch_timeout_s,
         )
-        return cls(limits, assets)
+        audio_limits = AudioLimits(audio.max_frames, audio.max_bytes) if audio is not None else AudioLimits()
+        return cls(limits, assets, audio=audio_limits)
 
     def prepare(self, model_input: ModelInput) -> ModelInput:
         """`model_input` with every asset pointer replaced by the image chunk it points to; a UserError if a
-        pointer is refused or an image is over the caps or does not decode."""
+        pointer is refused or an image is over the caps or does not decode, or the clips are over theirs."""
+        check_audio_caps([c for c in model_input.chunks if isinstance(c, AudioChunk)], self.audio)
         if not model_input.has_images:
             return model_input
         chunks: list[Chunk] = []

@@ -23,10 +23,11 @@ _PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id")
 
 
 def placeholder_ids(config: Mapping[str, Any]) -> tuple[int, ...]:
-    """The image and video placeholder ids of a model's config.json (as a dict); () for a text-only model."""
-    if "vision_config" not in config:
-        return ()
-    return tuple(sorted({int(config[key]) for key in _PLACEHOLDER_KEYS if config.get(key) is not None}))
+    """The image, video and audio placeholder ids of a model's config.json (as a dict); () for a text-only
+    model. An audio placeholder in text is refused (`AudioSpec.check_text`), so the engines never sample it."""
+    keys = (_PLACEHOLDER_KEYS if "vision_config" in config else ()) + (
+        ("audio_token_id",) if "audio_config" in config else ())
+    return tuple(sorted({int(config[key]) for key in keys if config.get(key) is not None}))
 
 
 @contextmanager

@@ -18,12 +18,22 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tx.multimodal.audio import AudioSpec, audio_spec
 from tx.multimodal.images import ImageLimits, decode_image
-from tx.types import ExpandedInput, ImageAssetPointer, ImageChunk, ModelInput, PlacedImage, TextChunk, UserError
+from tx.types import (
+    AudioChunk,
+    ExpandedInput,
+    ImageAssetPointer,
+    ImageChunk,
+    ModelInput,
+    PlacedAudio,
+    PlacedImage,
+    TextChunk,
+    UserError,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -65,21 +75,7 @@ class VisionProcessor:
 
     def expand(self, model_input: ModelInput, limits: ImageLimits) -> ExpandedInput:
         """Token ids with placeholders for every image; a UserError for a bad image or token count."""
-        token_ids: list[int] = []
-        images: list[PlacedImage] = []
-        for index, chunk in enumerate(model_input.chunks):
-            try:
-                if isinstance(chunk, TextChunk):
-                    if model_input.has_images:
-                        self.check_text(chunk.tokens)
-                    token_ids.extend(chunk.tokens)
-                    continue
-                placed = self._place(chunk, len(token_ids), limits)
-            except UserError as exc:
-                raise UserError(f"chunk {index}: {exc}") from None
-            images.append(placed)
-            token_ids.extend([self.image_token_id] * placed.num_tokens)
-        return ExpandedInput(token_ids, tuple(images))
+        return expand_chunks(model_input, self, None, limits)
 
     def check_text(self, tokens: Sequence[int]) -> None:
         """A UserError when text beside image chunks holds the placeholder token (the model could not tell it
@@ -91,7 +87,7 @@ class VisionProcessor:
                 "alone may hold it)"
             )
 
-    def _place(self, chunk: ImageChunk | ImageAssetPointer, offset: int, limits: ImageLimits) -> PlacedImage:
+    def place(self, chunk: ImageChunk | ImageAssetPointer, offset: int, limits: ImageLimits) -> PlacedImage:
         if isinstance(chunk, ImageAssetPointer):
             raise UserError("image_asset_pointer chunks are only accepted in sampling requests")
         image = decode_image(chunk.data, limits)
@@ -115,6 +111,45 @@ class VisionProcessor:
         return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
 
 
+def expand_chunks(
+    model_input: ModelInput, vision: VisionProcessor | None, audio: AudioSpec | None, limits: ImageLimits,
+    model_name: str = "this model",
+) -> ExpandedInput:
+    """Token ids with placeholders for every image (`vision`'s) and every audio frame (`audio`'s), in chunk
+    order; a UserError naming the chunk for a bad chunk, or one the model does not take."""
+    token_ids: list[int] = []
+    images: list[PlacedImage] = []
+    clips: list[PlacedAudio] = []
+    for index, chunk in enumerate(model_input.chunks):
+        try:
+            if isinstance(chunk, TextChunk):
+                _check_text(chunk.tokens, model_input, vision, audio)
+                token_ids.extend(chunk.tokens)
+            elif isinstance(chunk, AudioChunk):
+                if audio is None:
+                    raise UserError(f"{model_name} takes no audio: the input holds a dmel chunk")
+                audio.check(chunk)
+                clips.append(PlacedAudio(chunk.levels, len(token_ids)))
+                token_ids.extend([audio.token_id] * chunk.length)
+            else:
+                if vision is None:
+                    raise UserError(f"{model_name} takes no images: the input holds an image chunk")
+                images.append(vision.place(chunk, len(token_ids), limits))
+                token_ids.extend([vision.image_token_id] * images[-1].num_tokens)
+        except UserError as exc:
+            raise UserError(f"chunk {index}: {exc}") from None
+    return ExpandedInput(token_ids, tuple(images), tuple(clips))
+
+
+def _check_text(
+    tokens: Sequence[int], model_input: ModelInput, vision: VisionProcessor | None, audio: AudioSpec | None
+) -> None:
+    if vision is not None and model_input.has_images:
+        vision.check_text(tokens)
+    if audio is not None:  # always: a text-only datum may share a micro-batch with another's clips
+        audio.check_text(tokens)
+
+
 @functools.lru_cache(maxsize=32)
 def vision_processor(model_dir: Path) -> VisionProcessor | None:
     """`VisionProcessor.load`, once per model directory."""
@@ -125,10 +160,13 @@ def expand_input(
     model_dir: Path, model_input: ModelInput, limits: ImageLimits = ImageLimits(), *, model_name: str = ""
 ) -> ExpandedInput:
     """`model_input` as token ids (with image placeholders) for the model in `model_dir`."""
-    processor = vision_processor(Path(model_dir))
-    if processor is None:
-        if model_input.has_images:
-            name = model_name or str(model_dir)
-            raise UserError(f"model {name!r} takes text only: the input holds image chunks")
+    processor, audio = vision_processor(Path(model_dir)), audio_spec(Path(model_dir))
+    if processor is None and audio is None and model_input.has_images:
+        name = model_name or str(model_dir)
+        raise UserError(f"model {name!r} takes text only: the input holds image chunks")
+    if processor is None and audio is None and model_input.has_audio:
+        name = model_name or str(model_dir)
+        raise UserError(f"model {name!r} takes text only: the input holds audio (dmel) chunks")
+    if processor is None and audio is None:
         return ExpandedInput(model_input.text_tokens())
-    return processor.expand(model_input, limits)
+    return expand_chunks(model_input, processor, audio, limits, f"model {model_name or str(model_dir)!r}")

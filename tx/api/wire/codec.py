@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from tx.api.wire import tinker_public_pb2 as pb
 from tx.api.wire.prompt_scores import alt_tokens, target_tensor
 from tx.api.wire.tensors import densify_csr, reshape_dense
+from tx.multimodal.audio import decode_dmel
 from tx.types import (
     IMAGE_FORMATS,
     Chunk,
@@ -138,7 +139,7 @@ def _datum_from_proto(msg: pb.Datum, index: int) -> Datum:
     try:
         if not msg.model_input:
             raise UserError("model_input is empty")
-        chunks = tuple(_chunk_from_proto(chunk) for chunk in msg.model_input)
+        chunks = tuple(_numbered_chunk(chunk, number) for number, chunk in enumerate(msg.model_input))
         inputs = {
             name: tensor_from_proto(tensor, f"loss_fn_inputs[{name!r}]")
             for name, tensor in msg.loss_fn_inputs.items()
@@ -160,6 +161,13 @@ def _span_from_proto(msg: pb.ProvenanceSpan) -> ProvenanceSpan:
     return ProvenanceSpan(span.sequence_id, int(span.offset), int(span.length), kind == "sampled_tokens")
 
 
+def _numbered_chunk(msg: pb.Chunk, number: int) -> Chunk:
+    try:
+        return _chunk_from_proto(msg)
+    except UserError as exc:
+        raise UserError(f"chunk {number}: {exc}") from None
+
+
 def _chunk_from_proto(msg: pb.Chunk) -> Chunk:
     kind = msg.WhichOneof("chunk")
     if kind == "encoded_text":
@@ -170,7 +178,7 @@ def _chunk_from_proto(msg: pb.Chunk) -> Chunk:
         expected = image.expected_tokens if image.HasField("expected_tokens") else None
         return image_chunk(bytes(image.data), image.format, expected)
     if kind == "dmel":
-        raise UserError("audio (dmel) input chunks are not supported by this server")
+        return decode_dmel(bytes(msg.dmel.dmel))
     raise UserError("a model_input chunk has no content")
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from tx.api.wire.codec import image_chunk
 from tx.api.wire.schemas import asample, models
 from tx.api.wire.tensors import densify_csr, reshape_dense
+from tx.multimodal.audio import decode_dmel
 from tx.optimizers import AdamParams, DimuonParams, OptimizerConfig, OptimParams
 from tx.types import (
     MAX_PROMPT_ALT_CELLS,
@@ -55,7 +56,7 @@ def _chunk_from_json(chunk: asample.ModelInputChunkJson) -> Chunk:
         return ImageAssetPointer(
             location=chunk.location, format=chunk.format, expected_tokens=chunk.expected_tokens
         )
-    raise UserError("audio (dmel) input chunks are not supported by this server")
+    return decode_dmel(_b64decode(chunk.dmel, "dmel data"))
 
 
 def _b64decode(text: str, what: str) -> bytes:
@@ -157,7 +158,7 @@ def sample_request_to_domain(request: asample.SampleRequestJson) -> SampleReques
             f"topk_prompt_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {request.topk_prompt_logprobs}"
         )
     prompt = model_input_from_json(request.prompt)
-    if not any(not isinstance(c, TextChunk) or c.tokens for c in prompt.chunks):
+    if not any(not isinstance(c, TextChunk) or c.tokens for c in prompt.chunks):  # an image or a clip is tokens
         raise UserError("the prompt is empty: send at least one token")
     last_n = request.prompt_logprobs_last_n
     if last_n is not None:
@@ -185,7 +186,7 @@ def _check_sample_options(prompt: ModelInput, topk_sample: int, alt_k: int) -> N
         raise UserError(f"topk_sample_logprobs must be in [0, {MAX_TOPK_PROMPT_LOGPROBS}], got {topk_sample}")
     if alt_k < 0:
         raise UserError(f"prompt_alt_tokens_k must be >= 0, got {alt_k}")
-    if alt_k and prompt.has_images:
+    if alt_k and not prompt.is_text:
         raise UserError("prompt_alt_tokens_k needs a text-only prompt on this server")
     if alt_k and alt_k * len(prompt.text_tokens()) > MAX_PROMPT_ALT_CELLS:
         raise UserError(f"len(prompt) x prompt_alt_tokens_k = {alt_k * len(prompt.text_tokens())} is over "
@@ -195,7 +196,7 @@ def _check_sample_options(prompt: ModelInput, topk_sample: int, alt_k: int) -> N
 def target_tokens_from_json(tensor: asample.TensorDataJson, prompt: ModelInput) -> TargetTokens:
     """target_prompt_logprobs: int64 [len(prompt) - 1, K], dense or CSR (unlisted cells are -1, as the SDK pads),
     at least one id, at most MAX_TOPK_PROMPT_LOGPROBS distinct ids."""
-    if prompt.has_images:
+    if not prompt.is_text:
         raise UserError("target_prompt_logprobs needs a text-only prompt on this server")
     if tensor.dtype != "int64" or len(tensor.shape or ()) != 2:
         raise UserError(f"target_prompt_logprobs must be a 2-D int64 tensor, got {tensor.dtype} {tensor.shape}")
@@ -218,7 +219,7 @@ def _check_prompt_logprobs_last_n(last_n: int, prompt: ModelInput, prompt_logpro
         raise UserError("prompt_logprobs_last_n needs prompt_logprobs=true")
     if last_n < 1:
         raise UserError(f"prompt_logprobs_last_n must be >= 1, got {last_n}")
-    if not prompt.has_images:
+    if prompt.is_text:
         max_n = len(prompt.text_tokens()) - 1
         if last_n > max_n:
             raise UserError(f"prompt_logprobs_last_n must be <= len(prompt) - 1 = {max_n}, got {last_n}")

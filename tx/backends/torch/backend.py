@@ -29,6 +29,7 @@ from tx.backends.torch.batch import PreparedDatum, prepare_data
 from tx.backends.torch.custom_loss import compile_loss
 from tx.backends.torch.fused import Call, plan, run_calls
 from tx.backends.torch.fusion_check import fuses_exactly
+from tx.backends.torch.logit_cap import choose_logit_cap
 from tx.backends.torch.lora import AdapterHost
 from tx.backends.torch.memory import (
     OUT_OF_MEMORY,
@@ -41,7 +42,6 @@ from tx.backends.torch.memory import (
 )
 from tx.backends.torch.model import load_causal_lm, read_model_info, training_flops_per_token
 from tx.backends.torch.optim import new_optimizer, optimizer_of, optimizer_step
-from tx.backends.torch.logit_cap import choose_logit_cap
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.peft_compat import note_plain_peft
 from tx.backends.torch.run import Run
@@ -50,7 +50,7 @@ from tx.config.sections import TrainerSection
 from tx.cpu import pass_threads
 from tx.devices import resolve_device
 from tx.models.agreement import token_tolerance
-from tx.multimodal import ImageLimits, vision_processor
+from tx.multimodal import AudioLimits, ImageLimits, audio_spec, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
     BaseLogprobs,
@@ -80,6 +80,7 @@ class TorchBackend(TrainingBackend):
         *,
         device: str = "auto",
         image_limits: ImageLimits | None = None,
+        audio_limits: AudioLimits | None = None,
         settings: TrainerSection | None = None,
     ) -> None:
         """`models` maps each served base-model name to a local HF model directory; `image_limits` caps
@@ -94,6 +95,7 @@ class TorchBackend(TrainingBackend):
             return_freed_tensors_to_os()  # activations live in host memory: keep the peak bounded
         self._budgets: dict[str, int] = {}
         self._image_limits = image_limits or ImageLimits()
+        self._audio_limits = audio_limits or AudioLimits()
         self._infos: dict[str, BaseModelInfo] = {}
         self._hosts: dict[str, AdapterHost] = {}
         self._runs: dict[str, Run] = {}
@@ -141,7 +143,8 @@ class TorchBackend(TrainingBackend):
 
     def datum_rules(self, base_model: str) -> DatumRules:
         info, model_dir = self.base_model_info(base_model), self._paths[base_model]
-        return DatumRules.of_model_dir(info, model_dir, self.settings.max_sequence_tokens, self._image_limits)
+        return DatumRules.of_model_dir(info, model_dir, self.settings.max_sequence_tokens, self._image_limits,
+                                       self._audio_limits)
 
     def base_logprobs(self, base_model: str, sequences: Sequence[Sequence[int]]) -> BaseLogprobs:
         host = self._host(base_model)
@@ -264,7 +267,8 @@ class TorchBackend(TrainingBackend):
         loss_fn, config = batch_loss(batch)
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
         items = prepare_data(
-            batch.data, loss_fn, info, vision, self._image_limits, self.settings.max_sequence_tokens
+            batch.data, loss_fn, info, vision, self._image_limits, self.settings.max_sequence_tokens,
+            audio_spec(self._paths[run.base_model]),
         )
         if batch.custom_loss is not None:
             check_custom_inputs(batch.custom_loss, batch.data)

@@ -12,6 +12,9 @@ for targets of shape (N,)). The losses see one datum per row, as they expect (gs
 loss inputs and `mask` are (D, T, K) for D datums of at most T positions, and `scatter` says where each flat
 position goes in the flattened (D x T). Entries outside `mask` hold target 0 and input 0.
 
+Audio (dmel) chunks (models that take audio) become one placeholder token a frame; `vision` then also holds
+`audio_input_ids`, every frame of the micro-batch's clips in placeholder order (`tx.multimodal.audio`).
+
 Image chunks (vision-language models only) become the model's image placeholder tokens, as many as its image
 processor makes of each image (`tx.multimodal`); `vision` then holds the micro-batch's pixel inputs and
 `mm_token_type_ids` (1 at image positions). Image positions are ordinary positions for targets and outputs.
@@ -27,7 +30,7 @@ import torch
 from tx.backends.datums import DatumRules, check_datum, check_not_empty, text_tokens
 from tx.backends.losses import TARGET_KEY, LossFn
 from tx.backends.torch.plan import RowLayout, pack_rows, pad_rows
-from tx.multimodal import ExpandedInput, ImageLimits, VisionProcessor
+from tx.multimodal import AudioSpec, ExpandedInput, ImageLimits, VisionProcessor, audio_inputs, expand_chunks
 from tx.types import BaseModelInfo, Datum, ModelInput, UserError
 
 
@@ -93,16 +96,19 @@ def prepare_data(
     vision: VisionProcessor | None = None,
     limits: ImageLimits = ImageLimits(),
     max_tokens: int | None = None,
+    audio: AudioSpec | None = None,
 ) -> list[PreparedDatum]:
-    """Validate every datum (images, tokens, then loss inputs); UserError names the datum.
+    """Validate every datum (images, audio, tokens, then loss inputs); UserError names the datum.
 
-    `vision` is the model's image processor (None for a text-only model, which refuses image chunks);
-    `max_tokens` a cap on one datum's length below the model's context (None: the context)."""
+    `vision` is the model's image processor (None for a model without images, which refuses image chunks);
+    `audio` what audio it takes (None: it refuses dmel chunks); `max_tokens` a cap on one datum's length below
+    the model's context (None: the context)."""
     check_not_empty(data)
-    rules = DatumRules(info, max_tokens, takes_images=vision is not None, image_limits=limits)
+    rules = DatumRules(info, max_tokens, takes_images=vision is not None, image_limits=limits,
+                       audio=audio)
     prepared = []
     for index, datum in enumerate(data):
-        expanded = _expand(datum.model_input, vision, limits, index)
+        expanded = _expand(datum.model_input, vision, audio, limits, index)
         tokens = np.asarray(expanded.token_ids, dtype=np.int64)
         arrays = check_datum(datum, tokens, len(tokens), loss, rules, index)
         prepared.append(PreparedDatum(expanded, arrays))
@@ -121,6 +127,7 @@ def build_micro_batch(
     them per datum would mean computing them ourselves for each datum; padded rows keep the model's own."""
     if packed and vision is not None:
         raise ValueError("a vision-language model's datums go in padded rows")
+    # audio needs nothing of the rows: its positions are the text's, its frames go one per row (`audio_inputs`)
     lengths = [item.num_tokens for item in items]
     layout = pack_rows(lengths) if packed else pad_rows(lengths)
     input_ids, position_ids = _row_tensors(items, layout)
@@ -143,7 +150,7 @@ def build_micro_batch(
         inputs={key: _to(value, device) for key, value in inputs.items()},
         mask=_to(mask, device),
         target_shapes=[item.arrays[TARGET_KEY].shape for item in items],
-        vision=_vision_inputs(items, layout, vision, device),
+        vision={**_vision_inputs(items, layout, vision, device), **_audio_inputs(items, layout, device)},
     )
 
 
@@ -197,14 +204,25 @@ def _row_inputs(
 
 
 def _expand(
-    model_input: ModelInput, vision: VisionProcessor | None, limits: ImageLimits, index: int
+    model_input: ModelInput, vision: VisionProcessor | None, audio: AudioSpec | None, limits: ImageLimits,
+    index: int,
 ) -> ExpandedInput:
-    if vision is None:
+    if vision is None and audio is None:
         return ExpandedInput(text_tokens(model_input, index).tolist())
     try:
-        return vision.expand(model_input, limits)
+        return expand_chunks(model_input, vision, audio, limits)
     except UserError as exc:
         raise UserError(f"datum {index}: {exc}") from None
+
+
+def _audio_inputs(items: list[PreparedDatum], layout: RowLayout, device: torch.device) -> dict[str, torch.Tensor]:
+    """`audio_input_ids` of every clip in the rows, in the order of their placeholders in the flattened rows
+    (packed rows may hold a later datum before an earlier one's tail)."""
+    placed = [(seg.row * layout.width + seg.start + clip.offset, clip.levels)
+              for seg in layout.segments for clip in items[seg.datum].expanded.audio]
+    if not placed:
+        return {}
+    return audio_inputs([levels for _, levels in sorted(placed, key=lambda p: p[0])], device)
 
 
 def _vision_inputs(

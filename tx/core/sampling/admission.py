@@ -19,7 +19,16 @@ from tx.core.fairshare import FairShare, tally
 from tx.core.futures import Future
 from tx.core.quotas import QuotaLimits
 from tx.core.sampling.gate import SamplingGate
-from tx.types import MAX_SAMPLES_PER_REQUEST, OverloadedError, SampleRequest, TextChunk, UserError
+from tx.types import (
+    MAX_SAMPLES_PER_REQUEST,
+    AudioChunk,
+    ImageAssetPointer,
+    ImageChunk,
+    OverloadedError,
+    SampleRequest,
+    TextChunk,
+    UserError,
+)
 
 
 class SampleAdmission:
@@ -43,7 +52,9 @@ class SampleAdmission:
         if rows > self.max_num_samples:
             raise UserError(f"num_samples {rows} is over the engines' batch of {self.max_num_samples} sequences; "
                             "sample in several calls")
-        images = sum(not isinstance(chunk, TextChunk) for chunk in request.prompt.chunks)
+        images = sum(isinstance(chunk, (ImageChunk, ImageAssetPointer)) for chunk in request.prompt.chunks)
+        frames = sum(chunk.length for chunk in request.prompt.chunks if isinstance(chunk, AudioChunk))
+        quotas.check("audio_frames_per_request", 0, frames, self.limits.audio_frames_per_request)
         quotas.check("images_per_request", 0, images, self.limits.images_per_request)
         if images and not self._takes_images(base_model):
             raise UserError(f"model {base_model!r} takes text only: the prompt holds {images} image chunks "

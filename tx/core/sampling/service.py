@@ -111,7 +111,7 @@ class SamplingService:
             async with self.admission.turn(owner, base_model, request, future):
                 if not self.futures.start(future):  # cancelled before it began
                     return
-                if request.prompt.has_images:  # fetched only now, holding its turn; blocking I/O: off the loop
+                if not request.prompt.is_text:  # images fetched only now, holding its turn; blocking I/O: off the loop
                     request = await asyncio.to_thread(self._expanded, base_model, request)
                 result = await self._sample(owner, base_model, weights_dir, call, request)
                 if request.record_stability_info:
@@ -132,8 +132,8 @@ class SamplingService:
             self.admission.end(owner, request)
 
     def _expanded(self, base_model: str, request: SampleRequest) -> SampleRequest:
-        """`request` with its asset pointers fetched and caps checked, and its image chunks expanded into the
-        processor's placeholder tokens: a bad image fails here, before any engine starts."""
+        """`request` with its asset pointers fetched and caps checked, and its image and audio chunks expanded
+        into the model's placeholder tokens: a bad image or clip fails here, before any engine starts."""
         request = self.images.prepare_request(request)
         expanded = expand_input(self.manager.model_dir(base_model), request.prompt, model_name=base_model)
         return replace(request, expanded=expanded)

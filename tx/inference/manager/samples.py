@@ -8,7 +8,7 @@ import base64
 
 import numpy as np
 
-from tx.inference.protocol import GenerateRequest, GenerateResponse, PromptImage
+from tx.inference.protocol import GenerateRequest, GenerateResponse, PromptAudio, PromptImage
 from tx.types import SampledSequence, SampleRequest, SampleResult, StopReason, TargetLogprobs
 
 TopkRows = list[list[tuple[int, float]]] | list[list[tuple[int, float]] | None]
@@ -17,7 +17,7 @@ TopkRows = list[list[tuple[int, float]]] | list[list[tuple[int, float]] | None]
 def generate_request(request: SampleRequest, adapter: str | None = None,
                      cache_namespace: str | None = None) -> GenerateRequest:
     """The engine request for a domain `SampleRequest` (in its own prefix-cache namespace if given). A prompt with
-    images must have been expanded (`SampleRequest.expanded`); without that, it must be text only."""
+    images or audio must have been expanded (`SampleRequest.expanded`); without that, it must be text only."""
     params = request.params
     prompt = request.model_input()
     images = [
@@ -29,6 +29,7 @@ def generate_request(request: SampleRequest, adapter: str | None = None,
     return GenerateRequest(
         prompt_token_ids=prompt.token_ids,
         images=images,
+        audio=[PromptAudio.of(clip.levels, clip.offset) for clip in prompt.audio],
         n=request.num_samples,
         max_tokens=params.max_tokens,
         temperature=params.temperature,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tx.inference.weight_sync.transport import Transport
@@ -74,12 +75,36 @@ class PromptImage(_Wire):
         return base64.b64decode(self.data, validate=True)
 
 
+class PromptAudio(_Wire):
+    """An audio clip of a prompt: its DMel levels and the span of placeholder tokens it fills (one a frame)."""
+
+    data: str = Field(description="base64 (standard alphabet) of the levels as little-endian int32, frame by frame")
+    frames: int = Field(ge=1, description="frames: the placeholder tokens the clip fills")
+    bins: int = Field(ge=1, description="mel bins of each frame")
+    offset: int = Field(ge=0, description="index in prompt_token_ids of the clip's first placeholder token")
+
+    def levels(self) -> np.ndarray:
+        """(frames, bins) int64; ValueError when the data is not frames x bins int32 values."""
+        raw = base64.b64decode(self.data, validate=True)
+        if len(raw) != 4 * self.frames * self.bins:
+            raise ValueError(f"audio data holds {len(raw)} bytes, not {self.frames} x {self.bins} int32 values")
+        return np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(self.frames, self.bins)
+
+    @classmethod
+    def of(cls, levels: np.ndarray, offset: int) -> PromptAudio:
+        data = base64.b64encode(np.ascontiguousarray(levels, dtype="<i4").tobytes()).decode("ascii")
+        return cls(data=data, frames=int(levels.shape[0]), bins=int(levels.shape[1]), offset=offset)
+
+
 class GenerateRequest(_Wire):
     """Token ids in; `n` samples of at most `max_tokens` tokens out."""
 
     prompt_token_ids: list[int] = Field(min_length=1)
     images: list[PromptImage] = Field(
         default_factory=list, description="the prompt's images, in order; their placeholders are in the ids"
+    )
+    audio: list[PromptAudio] = Field(
+        default_factory=list, description="the prompt's audio clips, in order; their placeholders are in the ids"
     )
     n: int = Field(default=1, ge=1, le=MAX_SAMPLES_PER_REQUEST, description="number of samples")
     max_tokens: int = Field(default=16, ge=0, description="new tokens per sample (0: prompt logprobs only)")

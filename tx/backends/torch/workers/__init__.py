@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from tx.backends.torch.workers.backend import WorkersBackend
-from tx.backends.torch.workers.messages import WorkerSpec
 from tx.backends.torch.workers.group import LocalWorkers, WorkerGroup, start_group
+from tx.backends.torch.workers.messages import WorkerSpec
 from tx.config.sections import TrainerSection
-from tx.multimodal import ImageLimits
+from tx.multimodal import AudioLimits, ImageLimits
 
 
 def create_workers_backend(
@@ -25,6 +25,7 @@ def create_workers_backend(
     *,
     device: str = "auto",
     image_limits: ImageLimits | None = None,
+    audio_limits: AudioLimits | None = None,
     threads: int = 0,
     trainer: TrainerSection | None = None,
     ray_options: Callable[[int], dict[str, Any]] | None = None,
@@ -53,6 +54,6 @@ def create_workers_backend(
             return start_group(LocalWorkers(local), "127.0.0.1")
 
     return WorkersBackend(
-        models, start, image_limits=image_limits, max_sequence_tokens=trainer.max_sequence_tokens,
+        models, start, image_limits=image_limits, audio_limits=audio_limits, max_sequence_tokens=trainer.max_sequence_tokens,
         shares_cores=ray_options is None,
     )

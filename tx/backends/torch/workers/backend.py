@@ -37,7 +37,7 @@ from tx.backends.torch.workers import tensors
 from tx.backends.torch.workers.group import Message, WorkerDied, WorkerGroup
 from tx.backends.torch.workers.messages import Reply, Request, WireAdam, WireBatch, WireCall, WireLora
 from tx.backends.torch.workers.shares import combine_metrics, split_by_tokens
-from tx.multimodal import ImageLimits, vision_processor
+from tx.multimodal import AudioLimits, ImageLimits, audio_spec, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
     BaseModelInfo,
@@ -69,6 +69,7 @@ class WorkersBackend(LoraFilesBackend):
         start_group: Callable[[], WorkerGroup],
         *,
         image_limits: ImageLimits | None = None,
+        audio_limits: AudioLimits | None = None,
         max_sequence_tokens: int | None = None,
         shares_cores: bool = False,
     ) -> None:
@@ -78,6 +79,7 @@ class WorkersBackend(LoraFilesBackend):
         self._paths = {name: Path(path) for name, path in models.items()}
         self._start_group = start_group
         self._image_limits = image_limits or ImageLimits()
+        self._audio_limits = audio_limits or AudioLimits()
         self._max_sequence_tokens = max_sequence_tokens
         self._infos: dict[str, BaseModelInfo] = {}
         self._group: WorkerGroup | None = None
@@ -105,7 +107,8 @@ class WorkersBackend(LoraFilesBackend):
 
     def datum_rules(self, base_model: str) -> DatumRules:
         info, model_dir = self.base_model_info(base_model), self._paths[base_model]
-        return DatumRules.of_model_dir(info, model_dir, self._max_sequence_tokens, self._image_limits)
+        return DatumRules.of_model_dir(info, model_dir, self._max_sequence_tokens, self._image_limits,
+                                       self._audio_limits)
 
     def trainer_name(self) -> str:
         return "trainer workers (--trainer-workers > 1)"
@@ -198,7 +201,8 @@ class WorkersBackend(LoraFilesBackend):
         loss_fn.resolve_config(batch.loss_fn_config)
         vision = vision_processor(self._paths[run.base_model])
         info = self.base_model_info(run.base_model)
-        prepare_data(batch.data, loss_fn, info, vision, self._image_limits, self._max_sequence_tokens)
+        prepare_data(batch.data, loss_fn, info, vision, self._image_limits, self._max_sequence_tokens,
+                     audio_spec(self._paths[run.base_model]))
 
     def optim_step(self, model_id: str, params: OptimParams) -> OptimStepResult:
         adam = adam_params(params)

@@ -19,8 +19,10 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from tx.config.sections import TrainerSection
+from tx.multimodal.audio import decode_dmel
 from tx.optimizers import AdamParams
 from tx.types import (
+    AudioChunk,
     Chunk,
     Datum,
     ForwardBackwardInput,
@@ -70,7 +72,7 @@ class WireArray(BaseModel):
 
 
 class WireChunk(BaseModel):
-    kind: Literal["text", "image", "asset"]
+    kind: Literal["text", "image", "asset", "audio"]
     tokens: list[int] = Field(default_factory=list)
     data_b64: str = ""
     location: str = ""
@@ -81,6 +83,8 @@ class WireChunk(BaseModel):
     def of(cls, chunk: Chunk) -> WireChunk:
         if isinstance(chunk, TextChunk):
             return cls(kind="text", tokens=list(chunk.tokens))
+        if isinstance(chunk, AudioChunk):
+            return cls(kind="audio", data_b64=base64.b64encode(chunk.data).decode())
         if isinstance(chunk, ImageChunk):
             return cls(
                 kind="image",
@@ -95,6 +99,8 @@ class WireChunk(BaseModel):
     def chunk(self) -> Chunk:
         if self.kind == "text":
             return TextChunk(tuple(self.tokens))
+        if self.kind == "audio":
+            return decode_dmel(base64.b64decode(self.data_b64))
         if self.kind == "image":
             return ImageChunk(base64.b64decode(self.data_b64), self.format, self.expected_tokens)
         return ImageAssetPointer(self.location, self.format, self.expected_tokens)

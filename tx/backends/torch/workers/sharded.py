@@ -33,7 +33,7 @@ from tx.backends.torch.optim import new_optimizer
 from tx.backends.torch.logit_cap import choose_logit_cap
 from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
-from tx.multimodal import vision_processor
+from tx.multimodal import audio_spec, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig
 from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig
 
@@ -94,7 +94,8 @@ class ShardedTorchBackend(RankTorchBackend):
         info, vision = self.base_model_info(run.base_model), vision_processor(self._paths[run.base_model])
         loss = get_loss(batch.loss_fn)
         items = prepare_data(
-            batch.data, loss, info, vision, self._image_limits, self.settings.max_sequence_tokens
+            batch.data, loss, info, vision, self._image_limits, self.settings.max_sequence_tokens,
+            audio_spec(self._paths[run.base_model]),
         )
         return len(self._plan(run.base_model, items))
 

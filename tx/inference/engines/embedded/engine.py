@@ -43,7 +43,7 @@ from tx.inference.protocol import (
 from tx.inference.protocol.stream import GenerateEvent
 from tx.inference.weight_sync import TransferInit, Transport, cuda_device_uuid
 from tx.models.fingerprint import model_fingerprint
-from tx.multimodal import ImageLimits, vision_processor
+from tx.multimodal import ImageLimits, audio_spec, vision_processor
 from tx.types import NotFoundError, UserError
 
 logger = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class EmbeddedEngine:
                                    static=config.batching == "static")
         self.receiver = WeightReceiver(self.weights)
         self.vision = vision_processor(config.model_dir)  # None for a text-only model
+        self.audio = audio_spec(config.model_dir)  # None for a model without audio
         self.image_limits = ImageLimits()  # the server checked its own caps; these only bound the work here
         self.placement = _placement(self.weights.device)  # what /health says about where this engine runs
         self.fingerprint = model_fingerprint(config.model_dir)  # what /health says about which model it serves
@@ -99,7 +100,7 @@ class EmbeddedEngine:
         """Validate `request` (decoding its images, if any: call from a worker thread then) and queue it;
         `listener` hears its tokens as they are sampled."""
         self._validate(request)
-        vision = prepare_vision(request, self.vision, self.image_limits)
+        vision = prepare_vision(request, self.vision, self.image_limits, self.audio)
         return self.scheduler.submit(request, vision, listener)
 
     def _validate(self, request: GenerateRequest) -> None:

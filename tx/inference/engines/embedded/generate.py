@@ -328,7 +328,8 @@ class DecodeBatch:
         if any(v is not None for v in visions):
             extra = batch_vision(list(visions), [width - len(p) for p in prompts], width)
             extra = {key: value.to(device) for key, value in extra.items()}
-            position_ids, self.rope_deltas = rope_positions(model, ids, self.mask, positions, extra)
+            if "pixel_values" in extra:  # images: multimodal rope positions; audio takes the text's
+                position_ids, self.rope_deltas = rope_positions(model, ids, self.mask, positions, extra)
         with text_placeholders_apart(model, ids, extra) as model_ids:  # placeholders in text rows stay text
             out = model(
                 input_ids=model_ids,

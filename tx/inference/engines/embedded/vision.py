@@ -14,12 +14,13 @@ Design / who owns what:
 from __future__ import annotations
 
 import binascii
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
-from tx.multimodal import ImageLimits, VisionProcessor, decode_image
+from tx.multimodal import AudioSpec, ImageLimits, VisionProcessor, audio_inputs, decode_image
 from tx.types import UserError
 
 if TYPE_CHECKING:
@@ -28,17 +29,55 @@ if TYPE_CHECKING:
 
 @dataclass
 class PromptVision:
-    """One request's images, ready for the model."""
+    """One request's images and audio clips, ready for the model."""
 
-    pixel_values: torch.Tensor  # (patches, patch dim)
-    image_grid_thw: torch.Tensor  # (images, 3)
+    pixel_values: torch.Tensor | None  # (patches, patch dim); None without images
+    image_grid_thw: torch.Tensor | None  # (images, 3)
     spans: list[tuple[int, int]]  # (offset, num_tokens) of each image in the prompt
+    audio: list[np.ndarray] = field(default_factory=list)  # each clip's levels (frames, bins), in prompt order
 
 
 def prepare_vision(
+    request: GenerateRequest, processor: VisionProcessor | None, limits: ImageLimits, audio: AudioSpec | None = None
+) -> PromptVision | None:
+    """The pixel inputs of `request`'s images and the levels of its clips (None without either); a UserError
+    when they do not fit."""
+    clips = prepare_audio(request, audio)
+    images = _prepare_images(request, processor, limits)
+    if images is None and not clips:
+        return None
+    if images is None:
+        return PromptVision(None, None, [], clips)
+    images.audio = clips
+    return images
+
+
+def prepare_audio(request: GenerateRequest, audio: AudioSpec | None) -> list[np.ndarray]:
+    """The levels of `request`'s clips, each checked against the model's audio and its span of placeholders."""
+    if not request.audio:
+        return []
+    if audio is None:
+        raise UserError("this model takes no audio: the request holds audio clips")
+    ids, end, clips = request.prompt_token_ids, 0, []
+    for index, clip in enumerate(request.audio):
+        try:
+            levels = clip.levels()
+            audio.check_levels(levels)
+        except ValueError as exc:  # UserError is a ValueError too
+            raise UserError(f"audio clip {index}: {exc}") from None
+        span = ids[clip.offset : clip.offset + clip.frames]
+        if clip.offset < end or len(span) != clip.frames or any(t != audio.token_id for t in span):
+            raise UserError(f"audio clip {index}: its span does not hold {clip.frames} placeholder tokens")
+        end = clip.offset + clip.frames
+        clips.append(levels)
+    if sum(1 for token in ids if token == audio.token_id) != sum(clip.frames for clip in request.audio):
+        raise UserError(f"the prompt holds audio placeholder tokens ({audio.token_id}) outside its clips")
+    return clips
+
+
+def _prepare_images(
     request: GenerateRequest, processor: VisionProcessor | None, limits: ImageLimits
 ) -> PromptVision | None:
-    """The pixel inputs of `request`'s images (None without images); a UserError when they do not fit."""
     if processor is None:
         if request.images:
             raise UserError("this model takes text only: the request holds images")
@@ -79,8 +118,17 @@ def _check_spans(request: GenerateRequest, image_token_id: int) -> None:
 
 
 def batch_vision(visions: list[PromptVision | None], pads: list[int], width: int) -> dict[str, torch.Tensor]:
-    """Model inputs of a left-padded batch: row i starts at column `pads[i]`."""
-    present = [v for v in visions if v is not None]
+    """Model inputs of a left-padded batch: row i starts at column `pads[i]`. Audio: every clip's frames in row
+    order, then prompt order (the placeholders' order in the flattened batch; `tx.multimodal.audio_inputs`)."""
+    clips = [clip for v in visions if v is not None for clip in v.audio]
+    inputs = audio_inputs(clips) if clips else {}
+    if any(v is not None and v.pixel_values is not None for v in visions):
+        inputs.update(_batch_images(visions, pads, width))
+    return inputs
+
+
+def _batch_images(visions: list[PromptVision | None], pads: list[int], width: int) -> dict[str, torch.Tensor]:
+    present = [v for v in visions if v is not None and v.pixel_values is not None]
     token_types = torch.zeros((len(visions), width), dtype=torch.long)
     for row, (vision, pad) in enumerate(zip(visions, pads)):
         for offset, num_tokens in vision.spans if vision is not None else ():

@@ -106,6 +106,9 @@ class VllmEngine:
 
     async def _check(self, request: p.GenerateRequest) -> None:
         """The 4xx a request gets before it is queued."""
+        if request.audio:  # the pinned vLLM has no Inkling audio (docs/engines.md)
+            raise UserError("audio (dmel) prompts are sampled by the embedded engine only; this base model is "
+                            "served by vLLM, which takes no audio here")
         if request.images or self.vision is not None:  # see images.py
             check_images(request, self.vision, self.config.max_images_per_prompt)
         if request.images:

@@ -1,0 +1,216 @@
+"""Audio (DMel chunks) through the real SDK against a real `tx serve` on a tiny Inkling (8 mel bins, 16 levels):
+training and forward see every frame as one placeholder position, the sampler's logprobs equal the trainer's,
+bad clips and audio sent to a text-only model are 4xx naming the chunk (docs/model-families.md#audio-in).
+
+Clips are serialized as the SDK's TensorContainer bytes by `dmel` below; one test checks that the cookbook's
+serializer (tml-renderers' native `_dmel_to_tensor_container_bytes`) makes the same bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from txserver import TxServer
+
+BINS, LEVELS, AUDIO_TOKEN = 8, 16, 2046
+MAX_FRAMES = 64  # --audio-max-frames
+
+
+def varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def dmel(levels: np.ndarray, dtype_byte: int = 4) -> bytes:
+    """A TensorContainer of `levels` (uint8 by default; 2 = int32, 3 = int64)."""
+    dtype = {2: "<i4", 3: "<i8", 4: "u1"}[dtype_byte]
+    header = bytes([dtype_byte]) + varint(levels.ndim) + b"".join(varint(d) for d in levels.shape)
+    return header + np.ascontiguousarray(levels, dtype=dtype).tobytes()
+
+
+def clip(seed: int, frames: int = 6) -> types.DmelChunk:
+    levels = np.random.default_rng(seed).integers(0, LEVELS, size=(frames, BINS))
+    return types.DmelChunk(dmel=dmel(levels))
+
+
+def audio_input(chunk: types.DmelChunk, before=(10, 11), after=(12, 13)) -> types.ModelInput:
+    return types.ModelInput(chunks=[types.EncodedTextChunk(tokens=list(before)), chunk,
+                                    types.EncodedTextChunk(tokens=list(after))])
+
+
+def datum(model_input: types.ModelInput, targets: list[int] | None = None) -> types.Datum:
+    length = model_input.length
+    return types.Datum(model_input=model_input, loss_fn_inputs={
+        "target_tokens": targets if targets is not None else [0] * length, "weights": [1.0] * length})
+
+
+def next_token_datum(model_input: types.ModelInput) -> types.Datum:
+    """Targets: the next position's id as the model sees it (AUDIO_TOKEN at every frame)."""
+    ids: list[int] = []
+    for chunk in model_input.chunks:
+        ids += list(chunk.tokens) if isinstance(chunk, types.EncodedTextChunk) else [AUDIO_TOKEN] * chunk.length
+    return datum(model_input, ids[1:] + [0])
+
+
+def user_failure(future) -> str:
+    """The message of a request refused as the user's: a 400 at submission or a future failed as "user"."""
+    with pytest.raises((tinker.BadRequestError, tinker.RequestFailedError)) as info:
+        future.result(timeout=120)
+    if isinstance(info.value, tinker.RequestFailedError):
+        assert info.value.category.value == "user"
+    return str(info.value)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TxServer, str, str]]:
+    from tx.models import write_tiny_model
+
+    root = tmp_path_factory.mktemp("audio")
+    inkling = write_tiny_model(root / "inkling", preset="inkling", seed=0)
+    text = write_tiny_model(root / "text", preset="tiny", seed=0)
+    args = ["--base-model", str(inkling), "--base-model", str(text), "--no-engine-colocate",
+            "--audio-max-frames", str(MAX_FRAMES)]
+    with TxServer(root / "data", args=args, env={"OMP_NUM_THREADS": "1"}) as server:
+        yield server, str(inkling), str(text)
+
+
+@pytest.fixture(scope="module")
+def client(served) -> Iterator[tinker.ServiceClient]:
+    with served[0].client() as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def trainer(served, client) -> tinker.TrainingClient:
+    return client.create_lora_training_client(served[1], rank=8, seed=0).result()
+
+
+def logprobs(result) -> list[np.ndarray]:
+    return [out["logprobs"].to_numpy() for out in result.loss_fn_outputs]
+
+
+def test_every_frame_is_a_position_and_datums_keep_apart(trainer) -> None:
+    inputs = [audio_input(clip(0, 6)), audio_input(clip(1, 9), before=(5,)),
+              types.ModelInput.from_ints([20, 21, 22, 23]), audio_input(clip(2, 3))]
+    data = [next_token_datum(model_input) for model_input in inputs]
+    together = logprobs(trainer.forward(data, "cross_entropy").result())
+    assert [len(x) for x in together] == [m.length for m in inputs] == [10, 12, 4, 7]
+    for i, d in enumerate(data):  # each datum's logprobs are its own, whatever shares its pass
+        alone = logprobs(trainer.forward([d], "cross_entropy").result())[0]
+        np.testing.assert_allclose(together[i], alone, rtol=1e-5, atol=1e-5)
+    other = logprobs(trainer.forward([next_token_datum(audio_input(clip(7, 6)))], "cross_entropy").result())[0]
+    assert not np.allclose(other[2:8], together[0][2:8])  # the frames reach the model: another clip, other logprobs
+
+
+def test_a_step_trains_on_audio(trainer) -> None:
+    data = [next_token_datum(audio_input(clip(seed, 5))) for seed in range(4)]
+    first = trainer.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    second = trainer.forward_backward(data, "cross_entropy").result().metrics["loss:sum"]
+    assert np.isfinite(first) and second < first
+
+
+def bad_chunk(case: str) -> tuple[types.DmelChunk, str]:
+    levels = np.random.default_rng(0).integers(0, LEVELS, size=(4, BINS))
+    return {
+        "bins": (types.DmelChunk(dmel=dmel(levels[:, :5])), "5 mel bins; this model takes 8"),
+        "level": (types.DmelChunk(dmel=dmel(np.full((4, BINS), LEVELS))), "level 16"),
+        "rank": (types.DmelChunk(dmel=dmel(levels.reshape(1, 4, BINS))), "rank 3"),
+        "dtype": (types.DmelChunk(dmel=bytes([0]) + dmel(levels)[1:]), "dtype byte 0"),
+        "truncated": (types.DmelChunk(dmel=dmel(levels)[:-3]), "bytes after its header"),
+        "long": (clip(0, MAX_FRAMES + 1), f"cap of {MAX_FRAMES}"),
+    }[case]
+
+
+@pytest.mark.parametrize("case", ["bins", "level", "rank", "dtype", "truncated", "long"])
+def test_bad_clips_are_user_errors_naming_the_chunk(trainer, case: str) -> None:
+    chunk, words = bad_chunk(case)
+    good = next_token_datum(audio_input(clip(0)))
+    bad = types.Datum(model_input=audio_input(chunk), loss_fn_inputs={
+        "target_tokens": [0] * 8, "weights": [1.0] * 8})
+    message = user_failure(trainer.forward([good, bad], "cross_entropy"))
+    assert "datum 1" in message and words in message, message
+    if case != "long":
+        assert "chunk 1" in message, message
+
+
+def test_audio_to_a_text_only_model_is_a_user_error(served, client) -> None:
+    text_trainer = client.create_lora_training_client(served[2], rank=8, seed=0).result()
+    message = user_failure(text_trainer.forward([next_token_datum(audio_input(clip(0)))], "cross_entropy"))
+    assert "datum 0" in message and "audio" in message, message
+
+
+def test_audio_placeholder_in_text_is_a_user_error(trainer) -> None:
+    model_input = types.ModelInput.from_ints([10, AUDIO_TOKEN, 11])
+    message = user_failure(trainer.forward([datum(model_input)], "cross_entropy"))
+    assert str(AUDIO_TOKEN) in message and "dmel" in message, message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tml_renderers") is None, reason="tml-renderers (dev extra)")
+def test_the_cookbook_serializer_makes_the_same_bytes() -> None:
+    import torch
+    from tml_renderers.tinker import _dmel_to_tensor_container_bytes
+
+    levels = np.random.default_rng(3).integers(0, LEVELS, size=(300, BINS))
+    for dtype, byte in ((torch.uint8, 4), (torch.int32, 2), (torch.int64, 3)):
+        made = _dmel_to_tensor_container_bytes(torch.from_numpy(levels).to(dtype))
+        assert made == dmel(levels, byte)
+        assert types.DmelChunk(dmel=made).length == 300
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sampler(trainer) -> tinker.SamplingClient:
+    return trainer.save_weights_and_get_sampling_client()
+
+
+def test_the_samplers_logprobs_are_the_trainers(trainer, sampler) -> None:
+    model_input = audio_input(clip(11, 7), before=(30, 31, 32))
+    prompt = sampler.compute_logprobs(model_input).result()
+    assert len(prompt) == model_input.length == 12 and prompt[0] is None
+    trained = logprobs(trainer.forward([next_token_datum(model_input)], "cross_entropy").result())[0]
+    np.testing.assert_allclose(prompt[1:], trained[:-1], atol=1e-4)
+
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+    sequences = sampler.sample(model_input, 3, params).result().sequences
+    assert len(sequences) == 3
+    for seq in sequences:
+        assert AUDIO_TOKEN not in seq.tokens  # a placeholder is never sampled
+        full = types.ModelInput(chunks=[*model_input.chunks, types.EncodedTextChunk(tokens=list(seq.tokens))])
+        mine = logprobs(trainer.forward([next_token_datum(full)], "cross_entropy").result())[0]
+        np.testing.assert_allclose(seq.logprobs, mine[model_input.length - 1 : -1], atol=1e-4)
+
+
+def test_mixed_prompts_sample_together(sampler) -> None:
+    """Prompts with and without clips, of several lengths, in one batch of the engine: each its own answer."""
+    inputs = [audio_input(clip(seed, 3 + seed)) for seed in range(3)] + [types.ModelInput.from_ints([40, 41])]
+    alone = [sampler.compute_logprobs(m).result() for m in inputs]
+    futures = [sampler.compute_logprobs(m) for m in inputs]
+    for mine, future in zip(alone, futures, strict=True):
+        np.testing.assert_allclose(mine[1:], future.result()[1:], atol=1e-4)
+
+
+def test_bad_clips_in_a_prompt_are_user_errors(served, client, sampler) -> None:
+    chunk, words = bad_chunk("bins")
+    message = user_failure(sampler.sample(audio_input(chunk), 1, types.SamplingParams(max_tokens=2)))
+    assert "chunk 1" in message and words in message, message
+    chunk, words = bad_chunk("long")
+    message = user_failure(sampler.sample(audio_input(chunk), 1, types.SamplingParams(max_tokens=2)))
+    assert words in message, message
+    text_sampler = client.create_sampling_client(base_model=served[2])
+    message = user_failure(text_sampler.sample(audio_input(clip(0)), 1, types.SamplingParams(max_tokens=2)))
+    assert "audio" in message, message
