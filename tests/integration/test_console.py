@@ -574,3 +574,51 @@ def test_checkpoints_bulk_delete_confirms_the_count_and_shows_each_failure_on_it
         page.goto(f"{console_server.url}/console#/checkpoints")
         page.wait_for(f"document.body.dataset.ready === 'checkpoints' && document.querySelector('{row(kept)}')")
         assert not page.evaluate(f"!!document.querySelector('{row(kept)} input.pick')")
+
+
+def test_runs_show_their_names_and_tags_search_and_filter_by_them_and_the_owner_edits_them(
+        page: Page, console_server: TxServer, shots: Path) -> None:
+    """Issue 41: a run named and tagged from the SDK's user_metadata is listed by its name (an unnamed one by its
+    id), found by name or tag, filtered by tag; its page edits both, and shows the server's refusal as said."""
+    with console_server.client(ALICE) as alice:
+        named = alice.create_lora_training_client("tiny-qwen3", rank=4, user_metadata={
+            "name": "sweep lr 3e-4", "tags": "sweep,tiny"}).result().model_id
+        plain = alice.create_lora_training_client("tiny-qwen3", rank=4).result().model_id
+        sign_in(page, console_server, ALICE)
+        row = f"#runs tr[data-run=\"{named}\"]"
+        page.wait_for(f"document.querySelector('{row}')")
+        assert page.evaluate(f"document.querySelector('{row} .run-name').textContent") == "sweep lr 3e-4"
+        assert page.evaluate(f"[...document.querySelectorAll('{row} .pill.tag')].map((p) => p.textContent)") == [
+            "sweep", "tiny"]
+        plain_row = f"#runs tr[data-run=\"{plain}\"]"
+        assert page.evaluate(f"document.querySelector('{plain_row} .run-name').textContent") == plain
+        page.fill("#run-search", "lr 3e-4")
+        page.wait_for(f"document.querySelectorAll('#runs tbody tr').length === 1 && !!document.querySelector('{row}')")
+        page.fill("#run-search", "")
+        page.fill("#run-tag", "sweep")
+        page.wait_for(f"!!document.querySelector('{row}') && !document.querySelector('{plain_row}')",
+                      what="the tag filter keeping only the tagged run")
+        page.screenshot(shots / "runs-named-and-tagged.png")
+        page.fill("#run-tag", "")
+
+        page.goto(f"{console_server.url}/console#/runs/{named}")
+        page.wait_for("document.querySelector('#run-title') && document.querySelector('#run-name')")
+        assert page.evaluate("document.querySelector('#run-title').textContent") == "sweep lr 3e-4"
+        page.evaluate("document.querySelector('#run-name').value = 'x'.repeat(121)")  # past its maxlength
+        page.click("#run-labels-save")
+        page.wait_for("document.querySelector('#run-labels-status').textContent.includes('at most 120 characters')",
+                      what="the server's refusal of a 121-character name")
+        page.evaluate("document.querySelector('#run-name').value = 'best so far'")
+        page.evaluate("document.querySelector('#run-tags').value = 'keep, sweep'")
+        page.click("#run-labels-save")
+        page.wait_for("document.querySelector('#run-title').textContent === 'best so far'", what="the new name")
+        assert page.evaluate("document.querySelector('#run-labels-status').textContent") == "saved"
+        listed = httpx.get(f"{console_server.url}/api/v1/console/runs", headers={"X-API-Key": ALICE}, timeout=30)
+        mine = next(r for r in listed.json()["runs"] if r["run_id"] == named)
+        assert (mine["name"], mine["tags"]) == ("best so far", ["keep", "sweep"])
+        page.screenshot(shots / "run-labels.png")
+
+        sign_in(page, console_server, OPERATOR)  # an operator sees the run, and no editor for it
+        page.goto(f"{console_server.url}/console#/runs/{named}")
+        page.wait_for("document.querySelector('#run-title')")
+        assert page.evaluate("document.querySelector('#run-name') === null")

@@ -1,7 +1,7 @@
-// Runs: the list (live; search, state filter and sort), one run's page (what the server saw of it, its
-// checkpoints, its curves, live), and several runs overlaid.
+// Runs: the list (live; search, state and tag filters, sort), one run's page (what the server saw of it, its
+// name and tags, its checkpoints, its curves, live), and several runs overlaid.
 
-import { api, enc } from "./api.js";
+import { api, enc, ApiError } from "./api.js";
 import { h, clear, fmtNum, fmtInt, fmtBytes, ago, short, pill, cardLabels, ownerCell } from "./dom.js";
 import { ChartGrid, COLORS } from "./plot.js";
 
@@ -11,13 +11,15 @@ const SORTS = [["last_activity:desc", "last activity"], ["created_at:desc", "new
 
 export function plural(n, one, many = `${one}s`) { return `${fmtInt(n)} ${n === 1 ? one : many}`; }
 
-// The runs that match `query` (any of id, base model, owner, session, state) and `state`, sorted by `sort`.
-export function pick(runs, query, state, sort) {
+// The runs that match `query` (any of id, name, tags, base model, owner, session, state), `state` and `tag`,
+// sorted by `sort`.
+export function pick(runs, query, state, sort, tag = "") {
   const words = query.toLowerCase().split(/\s+/).filter(Boolean);
   const [key, order] = sort.split(":"), sign = order === "desc" ? -1 : 1;
   const value = (r) => (key === "last_activity" || key === "created_at" ? Date.parse(r[key]) : r[key]);
-  return runs.filter((r) => (!state || r.state === state) &&
-      words.every((w) => [r.run_id, r.base_model, r.owner, r.session_id, r.state].some((f) => f.toLowerCase().includes(w))))
+  return runs.filter((r) => (!state || r.state === state) && (!tag || (r.tags || []).includes(tag)) &&
+      words.every((w) => [r.run_id, r.name || "", ...(r.tags || []), r.base_model, r.owner, r.session_id, r.state]
+        .some((f) => f.toLowerCase().includes(w))))
     .sort((a, b) => {
       const x = value(a), y = value(b);
       if (x === null || x === undefined) return 1;
@@ -32,17 +34,24 @@ export async function render(main, ctx) {
   const body = h("tbody");
   const total = h("span", { class: "muted", id: "runs-total" });
   let runs = [];
-  const search = h("input", { type: "search", id: "run-search", placeholder: "search id, model, owner, state…", oninput: () => draw() });
+  const search = h("input", { type: "search", id: "run-search", placeholder: "search name, id, tag, model, owner, state…", oninput: () => draw() });
   const state = h("select", { id: "run-state", onchange: () => draw() }, h("option", { value: "" }, "any state"),
     ["training", "idle", "unloaded", "corrupted"].map((s) => h("option", { value: s }, s)));
+  const tag = h("select", { id: "run-tag", onchange: () => draw() }, h("option", { value: "" }, "any tag"));
   const sort = h("select", { id: "run-sort", onchange: () => draw() }, SORTS.map(([v, label]) => h("option", { value: v }, `sort: ${label}`)));
   const table = h("table", { id: "runs", class: "cards" }, h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, "run"), h("th", {}, "base model"),
     h("th", { class: "num" }, "rank"), ctx.me.operator ? h("th", {}, "owner") : "", h("th", {}, "state"),
     h("th", { class: "num" }, "steps"), h("th", { class: "num" }, "tokens"), h("th", { class: "num" }, "loss/token"),
     h("th", {}, "last activity"))), body);
-  main.append(h("div", { class: "row" }, h("h1", {}, "Training runs"), total, compare), h("div", { class: "row filters" }, search, state, sort), table);
+  main.append(h("div", { class: "row" }, h("h1", {}, "Training runs"), total, compare), h("div", { class: "row filters" }, search, state, tag, sort), table);
+  function tagOptions() {  // every tag of the runs shown, the chosen one kept
+    const chosen = tag.value, all = [...new Set(runs.flatMap((r) => r.tags || []))].sort();
+    if (chosen && !all.includes(chosen)) all.unshift(chosen);
+    clear(tag).append(h("option", { value: "" }, "any tag"), ...all.map((t) => h("option", { value: t }, `tag: ${t}`)));
+    tag.value = chosen;
+  }
   function draw() {
-    const shown = pick(runs, search.value, state.value, sort.value);
+    const shown = pick(runs, search.value, state.value, sort.value, tag.value);
     clear(body);
     if (!runs.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No runs yet: create one with the tinker SDK.")));
     else if (!shown.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No run matches.")));
@@ -52,7 +61,7 @@ export async function render(main, ctx) {
         compare.disabled = selected.size < 2;
       } });
       body.append(h("tr", { dataset: { run: run.run_id } }, h("td", {}, box),
-        h("td", { class: "mono" }, h("a", { href: `#/runs/${enc(run.run_id)}` }, run.run_id)),
+        runCell(run),
         h("td", {}, run.base_model), h("td", { class: "num" }, run.lora_rank),
         ctx.me.operator ? ownerCell(ctx.me, run.owner) : "",
         h("td", { class: "state" }, pill(run.state)), h("td", { class: "num steps" }, fmtInt(run.steps)), h("td", { class: "num" }, fmtInt(run.tokens)),
@@ -63,6 +72,7 @@ export async function render(main, ctx) {
   async function refresh() {
     const data = await api("/console/runs?limit=200");
     runs = data.runs;
+    tagOptions();
     total.textContent = data.total > runs.length ? `${plural(data.total, "run")} (the ${runs.length} most recently active here)` : plural(data.total, "run");
     draw();
   }
@@ -70,6 +80,39 @@ export async function render(main, ctx) {
   ctx.ready();
   const timer = setInterval(() => refresh().catch(() => {}), LIST_EVERY_MS);
   return () => clearInterval(timer);
+}
+
+// A run's name (its id when it has none) linking to its page, its id under a name, and its tags.
+function runCell(run) {
+  const link = h("a", { href: `#/runs/${enc(run.run_id)}`, class: run.name ? "run-name" : "run-name mono" }, run.name || run.run_id);
+  return h("td", { class: "run" }, link, run.name ? h("div", { class: "muted mono small" }, run.run_id) : "", tagPills(run.tags));
+}
+
+function tagPills(tags) {
+  return (tags || []).length ? h("div", { class: "tags" }, tags.map((t) => pill(t, "tag"))) : "";
+}
+
+// The run's name and tags, editable by its owner (PATCH /console/runs/{id}); the server's refusal shown as said.
+function labelsEditor(run, onSaved) {
+  const name = h("input", { id: "run-name", maxlength: 120, placeholder: "name", value: run.name || "" });
+  const tags = h("input", { id: "run-tags", placeholder: "tags, comma-separated", value: (run.tags || []).join(", ") });
+  const status = h("span", { id: "run-labels-status", class: "muted" });
+  const save = h("button", { id: "run-labels-save", onclick: async () => {
+    status.className = "muted";
+    status.textContent = "saving…";
+    try {
+      const saved = await api(`/console/runs/${enc(run.run_id)}`, { method: "PATCH",
+        body: { name: name.value, tags: tags.value.split(",").map((t) => t.trim()).filter(Boolean) } });
+      name.value = saved.name || "";
+      tags.value = saved.tags.join(", ");
+      status.textContent = "saved";
+      onSaved(saved);
+    } catch (error) {
+      status.className = "error";
+      status.textContent = error instanceof ApiError ? error.detail : String(error);
+    }
+  } }, "Save");
+  return h("div", { class: "row panel", id: "run-labels" }, h("label", {}, "name ", name), h("label", {}, "tags ", tags), save, status);
 }
 
 // One run's recorded calls, grown by polling with after_seq.
@@ -186,7 +229,8 @@ export function configOf(run, points) {
     const lo = Math.min(...lrs), hi = Math.max(...lrs);
     schedule = lo === hi ? `${fmtNum(lo)} (constant)` : `${fmtNum(lrs[0])} → ${fmtNum(lrs[lrs.length - 1])} (range ${fmtNum(lo)}–${fmtNum(hi)})`;
   }
-  return [["base model", run.base_model], ["LoRA rank", String(run.lora_rank)], ["learning rate", schedule],
+  const weights = run.base_fingerprint ? `${run.base_fingerprint}${run.base_revision ? ` (revision ${run.base_revision})` : " (local directory)"}` : "not recorded";
+  return [["base model", run.base_model], ["base weights", weights], ["LoRA rank", String(run.lora_rank)], ["learning rate", schedule],
     ["calls recorded", Object.entries(calls).map(([k, n]) => `${k} ${fmtInt(n)}`).join(", ") || "none"],
     ["created", new Date(run.created_at).toLocaleString()], ["session", run.session_id]];
 }
@@ -217,7 +261,8 @@ export async function renderRun(main, ctx, runId) {
   const charts_ = new ChartGrid(grid);
   const drawInfo = () => {
     const r = curves.run;
-    clear(info).append(h("div", { class: "row" }, h("strong", { class: "mono" }, r.run_id), pill(r.state), h("span", {}, r.base_model),
+    clear(info).append(h("div", { class: "row" }, h("strong", { id: "run-title", class: r.name ? "" : "mono" }, r.name || r.run_id),
+      r.name ? h("span", { class: "muted mono" }, r.run_id) : "", tagPills(r.tags), pill(r.state), h("span", {}, r.base_model),
       h("span", {}, `rank ${r.lora_rank}`), h("span", { id: "run-steps" }, plural(r.steps, "step")), h("span", {}, plural(r.tokens, "token")),
       h("span", { class: "muted mono" }, `session ${short(r.session_id, 12)}`), h("a", { href: `#/sessions/${enc(r.session_id)}` }, "timeline")));
     clear(config).append(...configOf(r, curves.points).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
@@ -227,7 +272,9 @@ export async function renderRun(main, ctx, runId) {
     charts_.update(charts([{ name: runId, series: seriesOf(curves.points, opts.x) }], opts));
     grid.dataset.calls = String(curves.points.length);
   };
-  main.append(h("h1", {}, "Run"), info, config, checkpoints, controls(opts, redraw), grid);
+  const mine = curves.run.owner === ctx.me.owner;  // only the owner may rename (the server says so too)
+  const editor = mine ? labelsEditor(curves.run, (saved) => { Object.assign(curves.run, saved); drawInfo(); }) : "";
+  main.append(h("h1", {}, "Run"), info, editor, config, checkpoints, controls(opts, redraw), grid);
   drawInfo();
   redraw();
   ctx.ready();
