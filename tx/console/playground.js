@@ -56,9 +56,14 @@ export async function render(main, ctx) {
     } catch (e) { clear(out); error.textContent = String(e.message || e); }
     go.disabled = false;
   });
+  // The playground sends text only; an audio (or image) prompt is encoded by the client, as the SDK and the
+  // cookbook's renderers do (docs/cookbook.md#audio-recipes): say so rather than take a file it cannot send.
+  const media = h("p", { class: "muted", id: "playground-media" }, "Text only: audio and image prompts need the SDK. ",
+    "An audio model (Inkling) takes audio as DMel chunks the client encodes from a WAV, as the tinker-cookbook's ",
+    "Inkling renderer does; the playground sends a chat, raw text or token ids.");
   const label = (text, field) => h("label", {}, text, field);
   main.append(h("h1", {}, "Playground"), h("div", { class: "playground" },
-    h("div", { class: "panel" }, label("model", model), path, label("prompt as", mode), promptBox,
+    h("div", { class: "panel" }, label("model", model), path, label("prompt as", mode), media, promptBox,
       h("div", { class: "params" }, Object.entries(params).map(([k, f]) => label(k.replace("_", " "), f))), label("stop", stop),
       h("p", {}, go), error),
     h("div", {}, h("div", { class: "panel muted" }, "token colour: probability of the sampled token ",
