@@ -125,7 +125,6 @@ def test_inkling_o200k_has_the_real_interface_the_cookbook_renders_for() -> None
     from transformers import InklingConfig
 
     from tx.models.tiny_families import TEXT_FAMILIES
-
     from tx.models.tokenizer import ADDED_TOKENS, SPECIAL_TOKENS
 
     ids = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *ADDED_TOKENS])}
