@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 from hub_standin import HubStandIn
 from tinker import types
-from txserver import TxServer
+from txserver import API_KEY, TxServer
+
+from tx.models.fingerprint import model_fingerprint
 
 NAME = "Qwen/Qwen3-8B"  # the name a user types; the stand-in serves the tiny Qwen3 under it
 
@@ -36,3 +39,8 @@ def test_serve_downloads_a_named_model_with_progress_then_samples(tmp_path: Path
                        env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"})  # the stand-in is gone: no hub at all
     with offline:
         assert "downloading" not in offline.log() and "serving base models: Qwen/Qwen3-8B" in offline.log()
+        with offline.client() as client:  # a run records the hub commit it was created on (issue 43)
+            run_id = client.create_lora_training_client(NAME, rank=4).result().model_id
+        run = httpx.get(f"{offline.url}/api/v1/training_runs/{run_id}", headers={"X-API-Key": API_KEY}, timeout=30)
+        assert run.json()["base_revision"] == snapshot.name and len(snapshot.name) == 40
+        assert run.json()["base_fingerprint"] == model_fingerprint(snapshot)
