@@ -178,6 +178,16 @@ def audio_inputs(clips: list[np.ndarray], device: torch.device | None = None) ->
     return {"audio_input_ids": frames if device is None else frames.to(device)}
 
 
+def check_frames_apart(model: torch.nn.Module, model_dir: Path) -> None:
+    """A RuntimeError when the model in `model_dir` takes audio but its tower does not embed frames alone: tx's
+    way of feeding clips (`audio_inputs`) would then be wrong, so the model does not load (run when the trainer
+    and the embedded engine load a model)."""
+    spec = audio_spec(Path(model_dir))
+    if spec is not None and not frames_apart(model, spec):
+        raise RuntimeError(f"{model_dir}: the model's audio tower does not embed frames one by one; tx feeds clips "
+                           "frame by frame (docs/model-families.md#audio-in) and cannot serve it")
+
+
 def frames_apart(model: torch.nn.Module, spec: AudioSpec) -> bool:
     """Whether `model`'s audio features of a clip are those of its frames taken one by one (what `audio_inputs`
     relies on); checked once when a model that takes audio loads."""

@@ -77,3 +77,30 @@ def test_caps_count_every_clip_of_a_request() -> None:
         check_audio_caps(clips, AudioLimits(max_frames=29))
     with pytest.raises(UserError, match="--audio-max-bytes"):
         check_audio_caps(clips, AudioLimits(max_bytes=200))
+
+
+def test_inklings_tower_embeds_frames_alone_and_a_mixing_one_is_refused(tmp_path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    from tx.models import write_tiny_model
+    from tx.multimodal.audio import audio_spec, check_frames_apart, frames_apart
+
+    model_dir = write_tiny_model(tmp_path / "inkling", preset="inkling", seed=0)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir)
+    spec = audio_spec(model_dir)
+    assert spec is not None and frames_apart(model, spec)
+    check_frames_apart(model, model_dir)
+
+    inner = model.model
+    plain = inner.get_audio_features
+
+    def mixing(audio_input_ids, *args, **kwargs):  # a tower whose frames see their clip: the clip's mean added
+        out = plain(audio_input_ids, *args, **kwargs)
+        hidden = out.last_hidden_state.reshape(*audio_input_ids.shape[:2], -1)
+        out.last_hidden_state = (hidden + hidden.mean(dim=1, keepdim=True)).reshape(out.last_hidden_state.shape)
+        return out
+
+    inner.get_audio_features = mixing
+    assert not frames_apart(model, spec)
+    with pytest.raises(RuntimeError, match="frames one by one"):
+        check_frames_apart(model, model_dir)

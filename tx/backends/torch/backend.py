@@ -51,6 +51,7 @@ from tx.cpu import pass_threads
 from tx.devices import resolve_device
 from tx.models.agreement import token_tolerance
 from tx.multimodal import AudioLimits, ImageLimits, audio_spec, vision_processor
+from tx.multimodal.audio import check_frames_apart
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
     BaseLogprobs,
@@ -164,6 +165,7 @@ class TorchBackend(TrainingBackend):
             checkpointing = bool(self.settings.gradient_checkpointing)
             path = self._paths[base_model]
             model = load_causal_lm(path, self.device, dtype, checkpointing, self.settings.attn_implementation)
+            check_frames_apart(model, path)
             packing = choose_packing(model, vision_processor(path) is not None, base_model)
             self._hosts[base_model] = AdapterHost(model, packing, choose_logit_cap(model, base_model))
             self._budgets[base_model] = self._budget(model, dtype, checkpointing)

@@ -37,6 +37,7 @@ from tx.inference.engines.embedded.stash import release_memory, restore_paramete
 from tx.inference.protocol import LoraSpec, WakeTag
 from tx.models.auto import load_frozen
 from tx.models.lora_targets import LoraTargets, exact_targets, peft_config
+from tx.multimodal.audio import check_frames_apart
 from tx.multimodal.placeholders import placeholder_ids
 from tx.types import ConflictError, NotFoundError, UserError
 
@@ -89,6 +90,7 @@ class Weights:
         self.max_positions: int = getattr(config, "max_position_embeddings", 1 << 30)
         self.eos_ids = _eos_ids(base)
         self.never_sampled = placeholder_ids(base.config.to_dict())  # a VLM's: never drawn (generate.py)
+        check_frames_apart(base, self.model_dir)  # audio goes frame by frame (`tx.multimodal.audio`)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if pad is not None else (self.eos_ids or (0,))[0]
         self.pad_id: int = int(pad)
