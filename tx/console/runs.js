@@ -133,36 +133,54 @@ class Curves {
   }
 }
 
+// RL metrics averaged over a step's forward_backward calls; an optimizer step's own metrics
+const RL_KEYS = ["ratio_mean", "kl_sampler_trainer", "clip_fraction", "advantage_abs_mean", "advantage_mean"];
+const IS_LR = new Set(["grad_norm", "learning_rate", "learning_rate:mean"]);
+
 // {name: [[step, value]]} per chart, from the recorded calls: a step's forward_backward calls are summed
-// (loss per token = their loss over their weight), its optim_step gives grad norm and learning rate.
+// (loss per token = their loss over their weight), its optim_step gives grad norm and learning rate. One pass,
+// each metric name classified once (20,000 calls: ~2x quicker than Object.entries per call, for the run page's
+// 300 ms budget).
 export function seriesOf(points, xMode) {
-  const steps = new Map();
+  const steps = [];  // in step order: calls come in step order, so a step is the last one or new
+  const byStep = new Map();
   const t0 = points.length ? points[0].finished : 0;
+  const fbOther = new Map(), optOther = new Map();  // key -> whether it is charted as its own ("other") series
+  let s = null;
   for (const p of points) {
-    let s = steps.get(p.step);
-    if (!s) steps.set(p.step, s = { step: p.step, loss: 0, weight: 0, evalLoss: 0, evalWeight: 0, tokens: 0, seconds: 0, rl: {}, rlN: 0, other: {} });
+    if (!s || s.step !== p.step) {
+      s = byStep.get(p.step);
+      if (!s) { byStep.set(p.step, s = { step: p.step, loss: 0, weight: 0, evalLoss: 0, evalWeight: 0, tokens: 0, seconds: 0, rl: null, rlN: 0, other: null, end: 0, gradNorm: undefined, lr: undefined }); steps.push(s); }
+    }
     s.seconds += p.seconds;
     s.end = p.finished;
     const m = p.metrics;
     if (p.kind === "forward_backward") {
       s.loss += m.loss_sum ?? 0; s.weight += m.loss_weight ?? 0; s.tokens += p.tokens;
-      for (const k of ["ratio_mean", "kl_sampler_trainer", "clip_fraction", "advantage_abs_mean", "advantage_mean"]) {
-        if (k in m) s.rl[k] = (s.rl[k] || 0) + m[k];
+      for (const k in m) {
+        let other = fbOther.get(k);
+        if (other === undefined) fbOther.set(k, other = k.includes(":") || k.startsWith("custom/"));
+        if (other) (s.other ||= {})[k] = m[k];
+        else if (RL_KEYS.includes(k)) (s.rl ||= {})[k] = (s.rl[k] || 0) + m[k];
       }
       if ("ratio_mean" in m) s.rlN += 1;
-      for (const [k, v] of Object.entries(m)) if (k.includes(":") || k.startsWith("custom/")) s.other[k] = v;
     } else if (p.kind === "forward") {
       s.evalLoss += m.loss_sum ?? 0; s.evalWeight += m.loss_weight ?? 0;
     } else {
       if ("grad_norm" in m) s.gradNorm = m.grad_norm;
       const lr = m.learning_rate ?? m["learning_rate:mean"];
       if (lr !== undefined) s.lr = lr;
-      for (const [k, v] of Object.entries(m)) if (k !== "grad_norm" && k !== "learning_rate" && k !== "learning_rate:mean") s.other[k] = v;
+      for (const k in m) {
+        let other = optOther.get(k);
+        if (other === undefined) optOther.set(k, other = !IS_LR.has(k));
+        if (other) (s.other ||= {})[k] = m[k];
+      }
     }
   }
+  for (let i = 1; i < steps.length; i++) if (steps[i].step < steps[i - 1].step) { steps.sort((a, b) => a.step - b.step); break; }
   const out = { loss: [], evalLoss: [], gradNorm: [], lr: [], tokensPerS: [], stepTime: [], wall: [], rl: {}, other: {} };
   let prevEnd = null;
-  for (const s of [...steps.values()].sort((a, b) => a.step - b.step)) {
+  for (const s of steps) {
     const x = xMode === "time" ? (s.end - t0) / 60 : s.step;
     if (s.weight > 0) out.loss.push([x, s.loss / s.weight]);
     if (s.evalWeight > 0) out.evalLoss.push([x, s.evalLoss / s.evalWeight]);
@@ -172,8 +190,8 @@ export function seriesOf(points, xMode) {
     out.stepTime.push([x, s.seconds]);
     if (prevEnd !== null) out.wall.push([x, s.end - prevEnd]);
     prevEnd = s.end;
-    for (const [k, v] of Object.entries(s.rl)) (out.rl[k] ||= []).push([x, v / Math.max(1, s.rlN)]);
-    for (const [k, v] of Object.entries(s.other)) (out.other[k] ||= []).push([x, v]);
+    if (s.rl) for (const k in s.rl) (out.rl[k] ||= []).push([x, s.rl[k] / Math.max(1, s.rlN)]);
+    if (s.other) for (const k in s.other) (out.other[k] ||= []).push([x, s.other[k]]);
   }
   return out;
 }
