@@ -2,8 +2,8 @@
 `name`, and `tags` comma-separated), or from the console (PATCH /api/v1/console/runs/{run_id}).
 
 One rule for both: a name of at most 120 characters, at most 16 distinct tags of at most 40 characters each,
-none holding a comma; blanks around them are dropped, an empty name is none. Anything else is a UserError (400)
-naming the limit."""
+none holding a comma, neither holding a control character (PostgreSQL stores no NUL in text); blanks around them
+are dropped, an empty name is none. Anything else is a UserError (400) naming the limit."""
 
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ NO_LABELS = RunLabels()
 
 def run_labels(name: str | None, tags: Iterable[str]) -> RunLabels:
     """The labels, checked and tidied (see the module docstring)."""
-    name = (name or "").strip() or None
+    name = _printable((name or "").strip(), "a run's name") or None
     if name is not None and len(name) > MAX_NAME_CHARS:
         raise UserError(f"a run's name has at most {MAX_NAME_CHARS} characters; this one has {len(name)}")
     kept: list[str] = []
-    for tag in (t.strip() for t in tags):
+    for tag in (_printable(t.strip(), "a tag") for t in tags):
         if len(tag) > MAX_TAG_CHARS:
             raise UserError(f"a tag has at most {MAX_TAG_CHARS} characters; {tag[:MAX_TAG_CHARS]!r}... has {len(tag)}")
         if "," in tag:
@@ -43,6 +43,12 @@ def run_labels(name: str | None, tags: Iterable[str]) -> RunLabels:
     if len(kept) > MAX_TAGS:
         raise UserError(f"a run has at most {MAX_TAGS} tags; {len(kept)} given")
     return RunLabels(name, tuple(kept))
+
+
+def _printable(text: str, what: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise UserError(f"{what} holds a control character: {text[:MAX_TAG_CHARS]!r}")
+    return text
 
 
 def labels_of_metadata(user_metadata: Mapping[str, Any] | None) -> RunLabels:

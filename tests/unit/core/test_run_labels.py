@@ -25,6 +25,8 @@ def test_labels_are_tidied_and_deduplicated() -> None:
     (None, ["t" * 41], "at most 40 characters"),
     (None, [f"t{i}" for i in range(MAX_TAGS + 1)], "at most 16 tags"),
     (None, ["a,b"], "no comma"),
+    ("a\x00b", [], "control character"),
+    (None, ["line\nbreak"], "control character"),
 ])
 def test_labels_past_their_bounds_are_refused_naming_the_bound(name, tags, words) -> None:
     with pytest.raises(UserError, match=words):
