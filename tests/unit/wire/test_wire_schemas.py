@@ -29,7 +29,9 @@ from tx.api.wire.schemas.client import (
     ClientConfigResponse,
     ClientDynamicConfigResponse,
     GetServerCapabilitiesResponse,
+    HEALTH_EXTRAS,
     HealthResponse,
+    ModelLoading,
     SupportedModel,
     TelemetryResponse,
     TelemetrySendRequest,
@@ -301,7 +303,7 @@ def test_sdk_accepts_our_responses(response: pydantic.BaseModel, sdk_type: type,
     parsed = sdk_type.model_validate(wire)
     expected = response.model_dump(mode="json", exclude_none=True)
     expected.pop("queue_state_reason", None)  # read from the raw dict, see below
-    for name in TX_EXTRAS:  # tx's own fields, which the SDK's response types ignore (extra="ignore")
+    for name in TX_EXTRAS | HEALTH_EXTRAS:  # tx's own fields, which the SDK's types ignore (extra="ignore")
         expected.pop(name, None)
     assert parsed.model_dump(mode="json", exclude_none=True) == expected
 
@@ -310,7 +312,8 @@ def test_sdk_accepts_our_responses(response: pydantic.BaseModel, sdk_type: type,
 def test_responses_have_the_sdks_fields(response: pydantic.BaseModel, sdk_type: type):
     # The SDK reads queue_state_reason straight from the try_again dict, not through its model.
     read_from_raw_dict = {"queue_state_reason"}
-    assert set(type(response).model_fields) - read_from_raw_dict - TX_EXTRAS == set(sdk_type.model_fields)
+    tx_only = read_from_raw_dict | TX_EXTRAS | HEALTH_EXTRAS
+    assert set(type(response).model_fields) - tx_only == set(sdk_type.model_fields)
 
 
 def test_the_sdk_ignores_the_run_fields_tx_adds():
@@ -319,6 +322,13 @@ def test_the_sdk_ignores_the_run_fields_tx_adds():
                        base_fingerprint="sha256:0").model_dump(mode="json")
     assert sdk.TrainingRun.model_config.get("extra") == "ignore"
     assert sdk.TrainingRun.model_validate(wire).training_run_id == "s:train:0"
+
+
+def test_the_sdk_ignores_the_health_fields_tx_adds():
+    loading = [ModelLoading(model="Qwen/Qwen3-8B", fraction=0.4, seconds=3.0)]
+    wire = HealthResponse(loading=loading).model_dump(mode="json")
+    assert sdk.HealthResponse.model_config.get("extra") == "ignore"
+    assert sdk.HealthResponse.model_validate(wire).status == "ok"
 
 
 def test_client_config_flags_tx_sends():

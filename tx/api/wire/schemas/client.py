@@ -58,6 +58,9 @@ class ModelLoading(WireResponse):
     seconds: float = Field(description="since the load began")
 
 
+HEALTH_EXTRAS = frozenset({"loading"})  # what tx's HealthResponse adds to the SDK's (which ignores unknown fields)
+
+
 class HealthResponse(WireResponse):
     status: Literal["ok"] = "ok"
     loading: list[ModelLoading] = Field(default_factory=list, description="base models the trainer is loading now")
