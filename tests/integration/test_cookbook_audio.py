@@ -14,8 +14,8 @@ stand-ins of synthetic clips (`tests/cookbook_audio.py`).
   warm-started from the SFT state, and `evaluate` on the SFT sampler checkpoint.
 - medical_asr `train` (EkaCare stand-in): SFT with its entity metrics.
 
-While the server refuses audio chunks (issue 40 item 1), each test is a visible skip carrying the server's own
-answer to one cookbook-rendered DmelChunk, so the suite shows why, and runs them as soon as tx takes audio.
+A refusal of the cookbook's chunks by tx (a 400 naming the datum and chunk) fails the recipe, and the test shows its
+output and the server log's tail.
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ from cookbook import (
 from cookbook_audio import (
     EKACARE_ID,
     LIBRISPEECH_ID,
-    SAMPLE_RATE,
-    synth_speech,
     write_ekacare_standin,
     write_expresso_manifests_standin,
     write_expresso_raw_standin,
@@ -57,7 +55,6 @@ MODEL = "thinkingmachines/Inkling"
 PRESET = "inkling_o200k"
 MAX_TOKENS = 8  # the recipes' 8192 lets a random model ramble for minutes on 2 cores
 SERVER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-NOT_SUPPORTED = "audio (dmel) input chunks are not supported"  # tx's answer before issue 40 item 1
 EXPRESSO_SPLITS = {"train": 12, "dev": 2, "test": 2}  # prepare_data: train -> sft_train + rl_train
 
 
@@ -69,32 +66,7 @@ def fixture(tmp_path_factory: pytest.TempPathFactory) -> CookbookFixture:
 @pytest.fixture(scope="module")
 def server(fixture: CookbookFixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
     with start_tx_server(fixture, tmp_path_factory.mktemp("tx-data"), env=SERVER_ENV) as srv:
-        refusal = audio_refusal(srv, fixture)
-        if refusal is not None:
-            pytest.skip(f"tx refuses the cookbook's audio chunks (issue 40 item 1 not in yet): {refusal}")
         yield srv
-
-
-def audio_refusal(server: TxServer, fixture: CookbookFixture) -> str | None:
-    """The server's answer to a forward on one cookbook-rendered clip, if it refuses it; None if it takes it."""
-    import soundfile as sf
-    import tinker
-    from tinker_cookbook.recipes.audio.data import audio_renderer, clip_datum
-
-    wav = fixture.root / "probe.wav"
-    wave = synth_speech("probe clip")
-    sf.write(str(wav), wave, SAMPLE_RATE, subtype="PCM_16")
-    datum = clip_datum(audio_renderer(MODEL), {"text": "probe clip", "path": str(wav), "num_frames": len(wave),
-                                               "sample_rate": SAMPLE_RATE}, max_length=8192)
-    with server.client() as client:
-        trainer = client.create_lora_training_client(base_model=MODEL, rank=4).result(timeout=120)
-        try:
-            trainer.forward([datum], "cross_entropy").result(timeout=120)
-        except tinker.BadRequestError as e:
-            if NOT_SUPPORTED not in str(e):
-                raise  # any other refusal is a disagreement between the cookbook's chunks and tx: a failure
-            return str(e)
-    return None
 
 
 def recipe(module: str, overrides: dict[str, Any], fixture: CookbookFixture, server: TxServer, name: str,
