@@ -436,6 +436,25 @@ def test_a_dead_server_is_shown_and_the_page_comes_back_with_it(
     page.close()
 
 
+def test_a_base_model_loading_into_memory_is_shown_under_the_header(page: Page, console_server: TxServer) -> None:
+    """What /api/v1/healthz's `loading` says (tests/unit/models/test_loading_progress.py: the server's side) is
+    shown while it lasts. A real load of a tiny model is over in 0.1 s, between two of the page's asks, so the
+    page's fetch of /healthz is answered by a stand-in here (named as such): one load at 41%, then none."""
+    sign_in(page, console_server, ALICE)
+    assert page.evaluate("document.querySelector('#loading').hidden")  # nothing loading: no line
+    page.evaluate("""(() => { const real = window.fetch; window.txRealFetch = real;
+        window.fetch = (url, init) => String(url).endsWith('/api/v1/healthz')
+          ? Promise.resolve(new Response(JSON.stringify({ status: 'ok', loading: [
+              { model: 'Qwen/Qwen3-8B', fraction: 0.41, seconds: 12.3 }] }), { status: 200 }))
+          : real(url, init); })()""")
+    line = page.wait_for("!document.querySelector('#loading').hidden && document.querySelector('#loading').textContent",
+                         timeout_s=10, what="the loading line")
+    assert line == "Loading Qwen/Qwen3-8B into memory: 41% of its weights (12 s)", line
+    page.evaluate("window.fetch = window.txRealFetch")  # the real server: nothing loading
+    page.wait_for("document.querySelector('#loading').hidden", timeout_s=10, what="the line gone once loaded")
+    assert page.errors == [], page.errors
+
+
 @pytest.mark.parametrize("width", [1400, 800, 390])
 def test_every_page_fits_its_width(page: Page, console_server: TxServer, shots: Path, width: int) -> None:
     with console_server.client(ALICE) as alice:

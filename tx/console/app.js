@@ -6,6 +6,8 @@
 // When the server cannot be reached (or stops taking the key), a banner under the header says so and since
 // when, what the page shows is marked stale (body.stale), and a page that could not load is tried again with
 // backoff (1 s, doubling to 30 s); the pages' own polls resume their live updates once the server answers.
+// While the trainer loads a base model into memory, a line under the header says which and how far
+// (`/api/v1/healthz`'s `loading`, asked every LOADING_EVERY_MS).
 
 import { api, apiKey, setKey, ApiError, connection } from "./api.js";
 import { h, clear, ownerName } from "./dom.js";
@@ -31,6 +33,7 @@ let me = null;
 let retry = null, retryMs = 1000;
 const ME = "tx.console.me";
 const RETRY_MAX_MS = 30000;
+const LOADING_EVERY_MS = 3000;
 
 function clock(date) { return date.toTimeString().slice(0, 8); }
 
@@ -44,6 +47,17 @@ function showConnection() {
   if (!down && retry) { clearTimeout(retry); retry = null; retryMs = 1000; route(); }  // back: load the page that failed
 }
 window.addEventListener("tx-connection", showConnection);
+
+async function showLoading() {
+  const line = document.getElementById("loading");
+  try {
+    const loads = (await api("/healthz")).loading || [];
+    line.hidden = !loads.length;
+    line.textContent = loads.map((l) => `Loading ${l.model} into memory: ${l.fraction === null ? "reading its files"
+      : `${Math.floor(100 * l.fraction)}% of its weights`} (${Math.round(l.seconds)} s)`).join(" · ");
+  } catch { /* the connection banner says why */ }
+  setTimeout(showLoading, LOADING_EVERY_MS);
+}
 
 export function ready(page) {
   if (window.txReadyMs === undefined) window.txReadyMs = performance.now();
@@ -131,3 +145,4 @@ async function start() {
 
 window.addEventListener("hashchange", route);
 start();
+showLoading();
