@@ -3,7 +3,8 @@ training and forward see every frame as one placeholder position, the sampler's 
 bad clips and audio sent to a text-only model are 4xx naming the chunk (docs/model-families.md#audio-in).
 
 Clips are serialized as the SDK's TensorContainer bytes by `dmel` below; one test checks that the cookbook's
-serializer (tml-renderers' native `_dmel_to_tensor_container_bytes`) makes the same bytes.
+serializer (tml-renderers' native `_dmel_to_tensor_container_bytes`) makes the same bytes. The slow test shows
+learning: SFT maps three synthetic clip patterns to their labels, and greedy samples of held-out clips are right.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="module")
 def sampler(trainer) -> tinker.SamplingClient:
-    return trainer.save_weights_and_get_sampling_client()
+    return trainer.save_weights_and_get_sampling_client().result()
 
 
 def test_the_samplers_logprobs_are_the_trainers(trainer, sampler) -> None:
@@ -211,6 +212,54 @@ def test_bad_clips_in_a_prompt_are_user_errors(served, client, sampler) -> None:
     chunk, words = bad_chunk("long")
     message = user_failure(sampler.sample(audio_input(chunk), 1, types.SamplingParams(max_tokens=2)))
     assert words in message, message
-    text_sampler = client.create_sampling_client(base_model=served[2])
+    text_sampler = client.create_sampling_client(base_model=served[2]).result()
     message = user_failure(text_sampler.sample(audio_input(clip(0)), 1, types.SamplingParams(max_tokens=2)))
     assert "audio" in message, message
+
+
+LABELS = (100, 101, 102)  # one token per class
+STEPS, LEARNING_RATE = 30, 5e-3
+PATTERNS = np.array([[12, 12, 12, 12, 1, 1, 1, 1], [1, 1, 1, 1, 12, 12, 12, 12], [12, 1, 12, 1, 12, 1, 12, 1]])
+
+
+def pattern_clip(label: int, rng: np.random.Generator, frames: int = 6) -> types.DmelChunk:
+    """Class `label`'s mel pattern over every frame, each level jittered by up to +-2."""
+    levels = PATTERNS[label][None, :] + rng.integers(-2, 3, size=(frames, BINS))
+    return types.DmelChunk(dmel=dmel(np.clip(levels, 0, LEVELS - 1)))
+
+
+def question(chunk: types.DmelChunk) -> types.ModelInput:
+    return types.ModelInput(chunks=[types.EncodedTextChunk(tokens=[10, 11]), chunk,
+                                    types.EncodedTextChunk(tokens=[12])])
+
+
+def labelled(chunk: types.DmelChunk, label: int) -> types.Datum:
+    """SFT on the answer alone: the position after the question predicts the label token."""
+    prompt = question(chunk)
+    model_input = prompt.append(types.EncodedTextChunk(tokens=[LABELS[label]]))
+    targets = [0] * model_input.length
+    weights = [0.0] * model_input.length
+    targets[prompt.length - 1], weights[prompt.length - 1] = LABELS[label], 1.0
+    return types.Datum(model_input=model_input, loss_fn_inputs={"target_tokens": targets, "weights": weights})
+
+
+@pytest.mark.slow
+def test_a_tiny_inkling_learns_clip_patterns_to_labels(served, client) -> None:
+    """Item 5 of issue 40: SFT through the SDK on synthetic clip patterns; the loss falls and the greedy label of
+    held-out clips is right (chance: 1/3)."""
+    rng = np.random.default_rng(0)
+    train = [labelled(pattern_clip(label, rng), label) for _ in range(8) for label in range(3)]
+    held_out = [(pattern_clip(label, rng), label) for _ in range(3) for label in range(3)]
+    trainer = client.create_lora_training_client(served[1], rank=8, seed=1).result()
+    losses = []
+    for _ in range(STEPS):
+        out = trainer.forward_backward(train, "cross_entropy").result()
+        losses.append(out.metrics["loss:sum"] / len(train))
+        trainer.optim_step(types.AdamParams(learning_rate=LEARNING_RATE)).result()
+    assert losses[-1] < 0.2 * losses[0], losses
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    greedy = types.SamplingParams(max_tokens=1, temperature=0.0)
+    futures = [(sampler.sample(question(chunk), 1, greedy), label) for chunk, label in held_out]
+    got = [(future.result().sequences[0].tokens[0], LABELS[label]) for future, label in futures]
+    assert all(sampled == wanted for sampled, wanted in got), (got, losses)
+
