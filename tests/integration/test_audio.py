@@ -22,6 +22,8 @@ from txserver import TxServer
 
 BINS, LEVELS, AUDIO_TOKEN = 8, 16, 2046
 MAX_FRAMES = 64  # --audio-max-frames
+MAX_BYTES = 2_000  # --audio-max-bytes
+QUOTA_FRAMES = 48  # --quota-audio-frames-per-request (below the cap: a key may be held to less)
 
 
 def varint(value: int) -> bytes:
@@ -81,7 +83,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TxServer,
     inkling = write_tiny_model(root / "inkling", preset="inkling", seed=0)
     text = write_tiny_model(root / "text", preset="tiny", seed=0)
     args = ["--base-model", str(inkling), "--base-model", str(text), "--no-engine-colocate",
-            "--audio-max-frames", str(MAX_FRAMES)]
+            "--audio-max-frames", str(MAX_FRAMES), "--audio-max-bytes", str(MAX_BYTES),
+            "--quota-audio-frames-per-request", str(QUOTA_FRAMES)]
     with TxServer(root / "data", args=args, env={"OMP_NUM_THREADS": "1"}) as server:
         yield server, str(inkling), str(text)
 
@@ -130,11 +133,23 @@ def bad_chunk(case: str) -> tuple[types.DmelChunk, str]:
         "rank": (types.DmelChunk(dmel=dmel(levels.reshape(1, 4, BINS))), "rank 3"),
         "dtype": (types.DmelChunk(dmel=bytes([0]) + dmel(levels)[1:]), "dtype byte 0"),
         "truncated": (types.DmelChunk(dmel=dmel(levels)[:-3]), "bytes after its header"),
-        "long": (clip(0, MAX_FRAMES + 1), f"cap of {MAX_FRAMES}"),
+        "bytes": (types.DmelChunk(dmel=dmel(np.zeros((40, BINS), np.int64), 3)), f"cap of {MAX_BYTES}"),
     }[case]
 
 
-@pytest.mark.parametrize("case", ["bins", "level", "rank", "dtype", "truncated", "long"])
+def test_the_audio_quota_and_caps_bound_a_requests_frames(trainer, sampler) -> None:
+    """Past the key's quota: a 403 naming the quota and its flag; past the server's cap: a 400 naming its flag."""
+    over_quota = next_token_datum(audio_input(clip(0, QUOTA_FRAMES + 1)))
+    for future in (trainer.forward([over_quota], "cross_entropy"),
+                   sampler.sample(audio_input(clip(0, QUOTA_FRAMES + 1)), 1, types.SamplingParams(max_tokens=2))):
+        with pytest.raises(tinker.PermissionDeniedError, match="--quota-audio-frames-per-request"):
+            future.result(timeout=120)
+    two = types.ModelInput(chunks=[*audio_input(clip(1, 40)).chunks, clip(2, 30)])  # 70 frames over two clips
+    with pytest.raises(tinker.APIStatusError, match="70 audio frames|quota"):
+        trainer.forward([next_token_datum(two)], "cross_entropy").result(timeout=120)
+
+
+@pytest.mark.parametrize("case", ["bins", "level", "rank", "dtype", "truncated", "bytes"])
 def test_bad_clips_are_user_errors_naming_the_chunk(trainer, case: str) -> None:
     chunk, words = bad_chunk(case)
     good = next_token_datum(audio_input(clip(0)))
@@ -142,7 +157,7 @@ def test_bad_clips_are_user_errors_naming_the_chunk(trainer, case: str) -> None:
         "target_tokens": [0] * 8, "weights": [1.0] * 8})
     message = user_failure(trainer.forward([good, bad], "cross_entropy"))
     assert "datum 1" in message and words in message, message
-    if case != "long":
+    if case != "bytes":
         assert "chunk 1" in message, message
 
 
@@ -209,7 +224,7 @@ def test_bad_clips_in_a_prompt_are_user_errors(served, client, sampler) -> None:
     chunk, words = bad_chunk("bins")
     message = user_failure(sampler.sample(audio_input(chunk), 1, types.SamplingParams(max_tokens=2)))
     assert "chunk 1" in message and words in message, message
-    chunk, words = bad_chunk("long")
+    chunk, words = bad_chunk("bytes")
     message = user_failure(sampler.sample(audio_input(chunk), 1, types.SamplingParams(max_tokens=2)))
     assert words in message, message
     text_sampler = client.create_sampling_client(base_model=served[2]).result()
