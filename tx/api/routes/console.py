@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from tx.api.auth import labels_seen
 from tx.api.console_engines import engines_view
@@ -71,14 +71,22 @@ async def label_run(run_id: str, body: RunLabelsRequest, ctx: Ctx, caller: Calle
     return RunLabelsResponse(name=labels.name, tags=list(labels.tags))
 
 
-@router.get("/runs/{run_id}/metrics")
+@router.get("/runs/{run_id}/metrics", response_model=RunMetrics)
 async def run_metrics(run_id: str, request: Request, ctx: Ctx, caller: Caller,
                       after_seq: int = Query(0, ge=0, le=MAX_OFFSET),
-                      limit: int = Query(20_000, ge=1, le=20_000)) -> RunMetrics:
+                      limit: int = Query(20_000, ge=1, le=20_000)) -> Response:
+    """Read, transposed and written as JSON in a worker thread, never on the event loop: for 20,000 calls the
+    columns take ~65 ms, and FastAPI's own validation and rendering of the answer ~130 ms more
+    (`model_dump_json`: ~25 ms)."""
     scope = scope_of(request, caller.owner)
-    run = await asyncio.to_thread(ctx.console.run, scope, run_id)
-    rows = await asyncio.to_thread(ctx.console.metrics, scope, run_id, after_seq, limit)
-    return RunMetrics(run=_run(run), calls=_columns(rows), last_seq=rows[-1].seq if rows else after_seq)
+
+    def answer() -> bytes:
+        run = ctx.console.run(scope, run_id)
+        rows = ctx.console.metrics(scope, run_id, after_seq, limit)
+        metrics = RunMetrics(run=_run(run), calls=_columns(rows), last_seq=rows[-1].seq if rows else after_seq)
+        return metrics.model_dump_json().encode()
+
+    return Response(await asyncio.to_thread(answer), media_type="application/json")
 
 
 @router.get("/checkpoints")
