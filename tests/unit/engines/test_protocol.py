@@ -23,7 +23,8 @@ def test_from_sample_request_carries_every_field():
     )
     wire = generate_request(request, adapter="run-1", cache_namespace="ab12")
     assert wire.model_dump() == {
-        "prompt_token_ids": [1, 2, 3], "images": [], "n": 4, "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7,
+        "prompt_token_ids": [1, 2, 3], "images": [], "audio": [], "n": 4, "max_tokens": 5, "temperature": 0.5,
+        "top_p": 0.9, "top_k": 7,
         "seed": 3, "stop_token_ids": [9], "stop_strings": ["\n"], "stop_at_eos": False, "resumed_tokens": 0,
         "prompt_logprobs": True, "topk_prompt_logprobs": 2, "prompt_logprobs_last_n": 1, "topk_sample_logprobs": 0,
         "target_token_ids": None, "prompt_alt_tokens_k": 0, "adapter": "run-1", "cache_namespace": "ab12",
