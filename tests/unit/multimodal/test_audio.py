@@ -104,3 +104,31 @@ def test_inklings_tower_embeds_frames_alone_and_a_mixing_one_is_refused(tmp_path
     assert not frames_apart(model, spec)
     with pytest.raises(RuntimeError, match="frames one by one"):
         check_frames_apart(model, model_dir)
+
+
+def test_the_embedded_engine_checks_each_clip_against_its_span() -> None:
+    from tx.inference.engines.embedded.vision import batch_vision, prepare_audio, prepare_vision
+    from tx.inference.protocol import GenerateRequest, PromptAudio
+    from tx.multimodal import ImageLimits
+
+    spec = AudioSpec(token_id=7, mel_bins=2, levels=4)
+    levels = np.array([[0, 1], [2, 3], [3, 3]])
+
+    def request(ids: list[int], offset: int = 1, clip: np.ndarray = levels) -> GenerateRequest:
+        return GenerateRequest(prompt_token_ids=ids, audio=[PromptAudio.of(clip, offset)])
+
+    vision = prepare_vision(request([5, 7, 7, 7, 6]), None, ImageLimits(), spec)
+    assert vision is not None and vision.pixel_values is None
+    np.testing.assert_array_equal(vision.audio[0], levels)
+    other = prepare_vision(request([7, 7, 7], offset=0, clip=levels[::-1]), None, ImageLimits(), spec)
+    inputs = batch_vision([vision, None, other], [0, 2, 2], 5)  # clips in row order, frames one per row
+    assert set(inputs) == {"audio_input_ids"} and inputs["audio_input_ids"].shape == (6, 1, 2)
+    np.testing.assert_array_equal(inputs["audio_input_ids"][:, 0].numpy(), np.concatenate([levels, levels[::-1]]))
+    with pytest.raises(UserError, match="span does not hold 3 placeholder tokens"):
+        prepare_audio(request([5, 7, 7, 6, 6]), spec)
+    with pytest.raises(UserError, match="outside its clips"):
+        prepare_audio(request([5, 7, 7, 7, 7]), spec)
+    with pytest.raises(UserError, match="level 4"):
+        prepare_audio(request([5, 7, 7, 7], clip=levels + 1), spec)
+    with pytest.raises(UserError, match="takes no audio"):
+        prepare_audio(request([5, 7, 7, 7]), None)
