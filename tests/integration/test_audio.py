@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import tinker
 from tinker import types
-
 from txserver import TxServer
 
 BINS, LEVELS, AUDIO_TOKEN = 8, 16, 2046

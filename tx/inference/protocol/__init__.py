@@ -311,6 +311,7 @@ __all__ = [
     "LoraSpec",
     "PauseMode",
     "PauseRequest",
+    "PromptAudio",
     "PromptImage",
     "SleepRequest",
     "StateResponse",
