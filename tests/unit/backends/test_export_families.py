@@ -82,7 +82,7 @@ def test_the_downloaded_adapter_loads_in_plain_peft(backend, family_model_dirs, 
             warnings.simplefilter("error", UserWarning)  # PEFT's "missing adapter keys" is a failure here
             model = peft.PeftModel.from_pretrained(base, str(sampler)).eval()
         np.testing.assert_allclose(_logprobs(model), expected, atol=1e-4)
-        assert not readme.exists()
+        assert not readme.exists() or "does NOT load this adapter as written" not in readme.read_text()
         return
     assert "exact_targets" in readme.read_text() and "--merge" in readme.read_text()
     with warnings.catch_warnings():
@@ -153,3 +153,24 @@ def test_a_trained_head_tied_to_the_embeddings_merges_untied(
     out = merge_into_base(sampler, tied_gemma3, tmp_path / "merged")
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
     np.testing.assert_allclose(_logprobs(load_pretrained(out, dtype=torch.float32).eval()), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize(("preset", "head", "refused"), [
+    ("gemma3", True, True), ("olmo3", True, True), ("gemma3", False, False), ("tiny", True, False),
+])
+def test_an_export_vllm_refuses_says_so_in_its_readme(
+    family_model_dirs, preset: str, head: bool, refused: bool, tmp_path: Path
+) -> None:
+    """vLLM 0.32 takes no LoRA on Gemma 3's and Olmo 3's lm_head (tests/vllm_engine/test_vllm_exports.py runs it);
+    their exports with a trained head say so, and that plain PEFT loads them."""
+    from tx.backends.torch.backend import TorchBackend
+
+    backend = TorchBackend({preset: family_model_dirs[preset]}, device="cpu")
+    backend.create_model(preset, preset, LoraConfig(rank=4, seed=0, train_unembed=head))
+    backend.save_sampler_weights(preset, tmp_path)
+    readme = tmp_path / "README.md"
+    assert readme.exists() == refused
+    if refused:
+        text = readme.read_text()
+        assert "vLLM does NOT load this adapter" in text and "lm_head" in text and "train_unembed=False" in text
+        assert "Plain PEFT (`PeftModel.from_pretrained`) loads this adapter exactly" in text

