@@ -193,8 +193,9 @@ def frames_apart(model: torch.nn.Module, spec: AudioSpec) -> bool:
     relies on); checked once when a model that takes audio loads."""
     import torch
 
-    core = model.get_base_model() if hasattr(model, "get_base_model") else model
-    inner = core.get_submodule("model")
+    base = getattr(model, "get_base_model", None)
+    core = base() if callable(base) else model
+    inner = core.get_submodule("model") if isinstance(core, torch.nn.Module) else None
     get = getattr(inner, "get_audio_features", None)
     if not callable(get):
         return False
@@ -202,7 +203,17 @@ def frames_apart(model: torch.nn.Module, spec: AudioSpec) -> bool:
     clip = torch.randint(0, spec.levels, (2, 5, spec.mel_bins), generator=generator)
     device = next(model.parameters()).device
     with torch.no_grad():
-        whole = get(clip.to(device)).last_hidden_state
-        apart = get(clip.reshape(-1, 1, spec.mel_bins).to(device)).last_hidden_state
+        whole = _features(get(clip.to(device)))
+        apart = _features(get(clip.reshape(-1, 1, spec.mel_bins).to(device)))
     whole, apart = whole.reshape(-1, whole.shape[-1]), apart.reshape(-1, apart.shape[-1])
     return whole.shape == apart.shape and bool(torch.equal(whole, apart))
+
+
+def _features(output: Any) -> torch.Tensor:
+    """The hidden states of a `get_audio_features` output (transformers' `BaseModelOutputWithPooling`)."""
+    import torch
+
+    hidden = getattr(output, "last_hidden_state", None)
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError(f"get_audio_features returned {type(output).__name__}, without last_hidden_state")
+    return hidden

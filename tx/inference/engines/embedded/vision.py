@@ -128,14 +128,15 @@ def batch_vision(visions: list[PromptVision | None], pads: list[int], width: int
 
 
 def _batch_images(visions: list[PromptVision | None], pads: list[int], width: int) -> dict[str, torch.Tensor]:
-    present = [v for v in visions if v is not None and v.pixel_values is not None]
+    pixels = [v.pixel_values for v in visions if v is not None and v.pixel_values is not None]
+    grids = [v.image_grid_thw for v in visions if v is not None and v.image_grid_thw is not None]
     token_types = torch.zeros((len(visions), width), dtype=torch.long)
     for row, (vision, pad) in enumerate(zip(visions, pads)):
         for offset, num_tokens in vision.spans if vision is not None else ():
             token_types[row, pad + offset : pad + offset + num_tokens] = 1
     return {
-        "pixel_values": torch.cat([v.pixel_values for v in present]),
-        "image_grid_thw": torch.cat([v.image_grid_thw for v in present]),
+        "pixel_values": torch.cat(pixels),
+        "image_grid_thw": torch.cat(grids),
         "mm_token_type_ids": token_types,
     }
 
