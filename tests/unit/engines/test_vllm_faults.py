@@ -162,3 +162,20 @@ def test_a_stream_whose_vllm_drops_the_connection_ends_with_an_error_naming_it(t
         await serves(engine, client)
 
     run(tmp_path, test)
+
+
+def test_audio_is_a_400_at_the_request_and_never_reaches_vllm(tmp_path):
+    """The pinned vLLM has no Inkling audio: tx's vLLM engine refuses a prompt with clips before vLLM sees it, as
+    the user's error (docs/model-families.md#audio-in)."""
+    import numpy as np
+
+    from tx.types import UserError
+
+    async def test(vllm: FakeVllm, engine: VllmEngine, client: InferenceClient) -> None:
+        clip = p.PromptAudio.of(np.zeros((2, 8), np.int64), 1)
+        error = await failure(client.generate("e0", "s", request(prompt_token_ids=[5, 7, 7], audio=[clip])))
+        assert isinstance(engine_error(error), UserError) and "audio" in str(error) and "vLLM" in str(error)
+        assert vllm.started == 0
+        await serves(engine, client)
+
+    run(tmp_path, test)
