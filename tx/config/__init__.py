@@ -19,7 +19,6 @@ Imports: pydantic only (the ground floor).
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import os
 import re
@@ -37,7 +36,15 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from tx.config.sections import AudioSection, EngineSection, ImagesSection, QuotaSection, Section, TrainerSection
+from tx.config.sections import (
+    AudioSection,
+    EngineSection,
+    ImagesSection,
+    QuotaSection,
+    Section,
+    TrainerSection,
+    pairs_of,
+)
 
 DEFAULT_MODEL = "tiny-qwen3"
 
@@ -55,14 +62,7 @@ _KEY_LABEL = re.compile(r"[\w .@()+/-]{1,64}")
 def _key_labels(value: object) -> object:
     """{key or owner id: label} from "k=label,k2=label2" (TX_KEY_LABELS), ["k=label", ...] (repeated flags),
     JSON or a dict; each label 1-64 letters, digits, spaces or ._-@()+/."""
-    if isinstance(value, str):
-        value = json.loads(value) if value.lstrip().startswith("{") else [p for p in value.split(",") if p.strip()]
-    if isinstance(value, list):
-        pairs = [str(item).partition("=") for item in value]
-        bad = [key for key, eq, _ in pairs if not eq]
-        if bad:
-            raise ValueError(f"a key label is KEY=LABEL, got {bad[0][:8]!r}...")
-        value = {key.strip(): label.strip() for key, _, label in pairs}
+    value = pairs_of(value, "a key label is KEY=LABEL", lambda key: f"{key[:8]!r}...")  # never a whole key
     if isinstance(value, dict):
         for key, label in value.items():
             if not (str(key).startswith("tml-") or OWNER_ID.fullmatch(str(key))):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
@@ -53,16 +54,23 @@ _LABEL_PART = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"  # Ray's (Kuberne
 _LABEL_KEY = re.compile(rf"({_LABEL_PART}(\.{_LABEL_PART})*/)?{_LABEL_PART}")
 
 
-def _node_labels(value: object) -> object:
-    """{key: value} from "k=v,k2=v2" (a TX_ variable), ["k=v", ...] (repeated flags) or a dict."""
+def pairs_of(value: object, form: str, shown: Callable[[str], str] = repr) -> object:
+    """{key: value} from "k=v,k2=v2" (a TX_ variable), ["k=v", ...] (repeated flags) or JSON; anything else (a
+    dict) as given. `form` says what an item must look like and `shown` how a bad one is quoted, in the error."""
     if isinstance(value, str):
         value = json.loads(value) if value.lstrip().startswith("{") else [p for p in value.split(",") if p.strip()]
     if isinstance(value, list):
         pairs = [str(item).partition("=") for item in value]
         bad = [key for key, eq, _ in pairs if not eq]
         if bad:
-            raise ValueError(f"a node label is key=value, got {bad[0]!r}")
+            raise ValueError(f"{form}, got {shown(bad[0])}")
         value = {key.strip(): label.strip() for key, _, label in pairs}
+    return value
+
+
+def _node_labels(value: object) -> object:
+    """{key: value} from "k=v,k2=v2" (a TX_ variable), ["k=v", ...] (repeated flags) or a dict."""
+    value = pairs_of(value, "a node label is key=value")
     if isinstance(value, dict):
         for key, label in value.items():
             if not _LABEL_KEY.fullmatch(str(key)) or not re.fullmatch(_LABEL_PART, str(label)):
