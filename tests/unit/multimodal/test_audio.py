@@ -132,3 +132,37 @@ def test_the_embedded_engine_checks_each_clip_against_its_span() -> None:
         prepare_audio(request([5, 7, 7, 7], clip=levels + 1), spec)
     with pytest.raises(UserError, match="takes no audio"):
         prepare_audio(request([5, 7, 7, 7]), None)
+
+
+def test_packed_rows_feed_clips_in_the_order_of_their_placeholders() -> None:
+    """A packed micro-batch may hold a later datum before an earlier one (first-fit decreasing): the frames go in
+    the flattened rows' placeholder order, which is the order the model fills placeholders in."""
+    import torch
+
+    from tx.backends.losses import TARGET_KEY
+    from tx.backends.torch.batch import PreparedDatum, build_micro_batch
+    from tx.types import ExpandedInput, PlacedAudio
+
+    token, items = 7, []
+    for datum, (before, frames) in enumerate([(1, 2), (2, 4), (1, 1), (1, 3)]):  # lengths 3, 6, 2, 4
+        levels = np.full((frames, 2), 10 * datum) + np.arange(frames)[:, None]  # each frame its own values
+        ids = [1] * before + [token] * frames + [2] * (datum == 1)
+        arrays = {TARGET_KEY: np.zeros(len(ids), np.int64)}
+        items.append(PreparedDatum(ExpandedInput(ids, (), (PlacedAudio(levels, before),)), arrays))
+    micro = build_micro_batch(items, torch.device("cpu"), packed=True)
+    fed = micro.vision["audio_input_ids"][:, 0, 0].tolist()
+    assert micro.input_ids.shape[0] == 3 and fed != sorted(fed)  # some datum sits before an earlier one
+    flat = micro.input_ids.flatten().tolist()
+    assert flat.count(token) == len(fed) == 10
+    by_datum = {10 * d + f for d in range(4) for f in range(4)}
+    assert set(fed) <= by_datum
+    # walk the rows: the k-th placeholder met is filled by the k-th frame fed
+    starts = sorted((seg.row * micro.input_ids.shape[1] + seg.start, seg.datum) for seg in _layout(items))
+    expected = [10 * d + f for _, d in starts for f in range(items[d].expanded.audio[0].num_tokens)]
+    assert fed == expected
+
+
+def _layout(items):
+    from tx.backends.torch.plan import pack_rows
+
+    return pack_rows([item.num_tokens for item in items]).segments
