@@ -436,6 +436,19 @@ def test_a_dead_server_is_shown_and_the_page_comes_back_with_it(
     page.close()
 
 
+def test_the_playground_says_audio_prompts_need_the_sdk(page: Page, console_server: TxServer, shots: Path) -> None:
+    """Issue 40 item 6: the playground sends text, a chat or token ids only; an audio (or image) prompt takes
+    chunks the SDK encodes on the client (docs/cookbook.md#audio-recipes), and the page says so plainly."""
+    sign_in(page, console_server, ALICE)
+    page.goto(f"{console_server.url}/console#/playground")
+    page.wait_for("document.body.dataset.ready === 'playground'", what="the playground")
+    note = page.evaluate("(document.querySelector('#playground-media') || {}).textContent || ''")
+    assert "audio" in note and "need the SDK" in note, note
+    assert page.evaluate("!!document.querySelector('#playground-media').offsetParent"), "the note is not shown"
+    assert not page.evaluate("!!document.querySelector('.playground input[type=file]')"), "a file input it cannot send"
+    page.screenshot(shots / "playground-audio.png")
+
+
 def test_a_base_model_loading_into_memory_is_shown_under_the_header(page: Page, console_server: TxServer) -> None:
     """What /api/v1/healthz's `loading` says (tests/unit/models/test_loading_progress.py: the server's side) is
     shown while it lasts. A real load of a tiny model is over in 0.1 s, between two of the page's asks, so the
