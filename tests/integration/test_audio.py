@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tinker
+from dmel_bytes import tensor_container
 from tinker import types
 from txserver import TxServer
 
@@ -25,25 +26,9 @@ MAX_BYTES = 2_000  # --audio-max-bytes
 QUOTA_FRAMES = 48  # --quota-audio-frames-per-request (below the cap: a key may be held to less)
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def dmel(levels: np.ndarray, dtype_byte: int = 4) -> bytes:
-    """A TensorContainer of `levels` (uint8 by default; 2 = int32, 3 = int64)."""
-    dtype = {2: "<i4", 3: "<i8", 4: "u1"}[dtype_byte]
-    header = bytes([dtype_byte]) + varint(levels.ndim) + b"".join(varint(d) for d in levels.shape)
-    return header + np.ascontiguousarray(levels, dtype=dtype).tobytes()
-
-
 def clip(seed: int, frames: int = 6) -> types.DmelChunk:
     levels = np.random.default_rng(seed).integers(0, LEVELS, size=(frames, BINS))
-    return types.DmelChunk(dmel=dmel(levels))
+    return types.DmelChunk(dmel=tensor_container(levels))
 
 
 def audio_input(chunk: types.DmelChunk, before=(10, 11), after=(12, 13)) -> types.ModelInput:
@@ -127,12 +112,12 @@ def test_a_step_trains_on_audio(trainer) -> None:
 def bad_chunk(case: str) -> tuple[types.DmelChunk, str]:
     levels = np.random.default_rng(0).integers(0, LEVELS, size=(4, BINS))
     return {
-        "bins": (types.DmelChunk(dmel=dmel(levels[:, :5])), "5 mel bins; this model takes 8"),
-        "level": (types.DmelChunk(dmel=dmel(np.full((4, BINS), LEVELS))), "level 16"),
-        "rank": (types.DmelChunk(dmel=dmel(levels.reshape(1, 4, BINS))), "rank 3"),
-        "dtype": (types.DmelChunk(dmel=bytes([0]) + dmel(levels)[1:]), "dtype byte 0"),
-        "truncated": (types.DmelChunk(dmel=dmel(levels)[:-3]), "bytes after its header"),
-        "bytes": (types.DmelChunk(dmel=dmel(np.zeros((40, BINS), np.int64), 3)), f"cap of {MAX_BYTES}"),
+        "bins": (types.DmelChunk(dmel=tensor_container(levels[:, :5])), "5 mel bins; this model takes 8"),
+        "level": (types.DmelChunk(dmel=tensor_container(np.full((4, BINS), LEVELS))), "level 16"),
+        "rank": (types.DmelChunk(dmel=tensor_container(levels.reshape(1, 4, BINS))), "rank 3"),
+        "dtype": (types.DmelChunk(dmel=bytes([0]) + tensor_container(levels)[1:]), "dtype byte 0"),
+        "truncated": (types.DmelChunk(dmel=tensor_container(levels)[:-3]), "bytes after its header"),
+        "bytes": (types.DmelChunk(dmel=tensor_container(np.zeros((40, BINS), np.int64), 3)), f"cap of {MAX_BYTES}"),
     }[case]
 
 
@@ -180,7 +165,7 @@ def test_the_cookbook_serializer_makes_the_same_bytes() -> None:
     levels = np.random.default_rng(3).integers(0, LEVELS, size=(300, BINS))
     for dtype, byte in ((torch.uint8, 4), (torch.int32, 2), (torch.int64, 3)):
         made = _dmel_to_tensor_container_bytes(torch.from_numpy(levels).to(dtype))
-        assert made == dmel(levels, byte)
+        assert made == tensor_container(levels, byte)
         assert types.DmelChunk(dmel=made).length == 300
 
 
@@ -239,7 +224,7 @@ PATTERNS = np.array([[12, 12, 12, 12, 1, 1, 1, 1], [1, 1, 1, 1, 12, 12, 12, 12],
 def pattern_clip(label: int, rng: np.random.Generator, frames: int = 6) -> types.DmelChunk:
     """Class `label`'s mel pattern over every frame, each level jittered by up to +-2."""
     levels = PATTERNS[label][None, :] + rng.integers(-2, 3, size=(frames, BINS))
-    return types.DmelChunk(dmel=dmel(np.clip(levels, 0, LEVELS - 1)))
+    return types.DmelChunk(dmel=tensor_container(np.clip(levels, 0, LEVELS - 1)))
 
 
 def question(chunk: types.DmelChunk) -> types.ModelInput:

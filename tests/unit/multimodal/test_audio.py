@@ -5,32 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dmel_bytes import tensor_container
 from tinker.types import DmelChunk
 
 from tx.multimodal.audio import AudioLimits, AudioSpec, check_audio_caps, decode_dmel
 from tx.types import UserError
 
 
-def container(levels: np.ndarray, dtype_byte: int = 4, constant: bool = False) -> bytes:
-    def varint(value: int) -> bytes:
-        out = bytearray()
-        while True:
-            byte, value = value & 0x7F, value >> 7
-            out.append(byte | (0x80 if value else 0))
-            if not value:
-                return bytes(out)
-
-    dtype = {2: "<i4", 3: "<i8", 4: "u1"}[dtype_byte]
-    header = (b"\xfe" if constant else b"") + bytes([dtype_byte]) + varint(levels.ndim)
-    header += b"".join(varint(d) for d in levels.shape)
-    data = levels.reshape(-1)[:1] if constant else levels
-    return header + np.ascontiguousarray(data, dtype=dtype).tobytes()
-
-
 @pytest.mark.parametrize("dtype_byte", [2, 3, 4])
 def test_levels_decode_in_every_integer_dtype_and_length_is_the_sdks(dtype_byte: int) -> None:
     levels = np.random.default_rng(0).integers(0, 200, size=(300, 80))  # 300 takes a two-byte varint
-    data = container(levels, dtype_byte)
+    data = tensor_container(levels, dtype_byte)
     chunk = decode_dmel(data)
     np.testing.assert_array_equal(chunk.levels, levels)
     assert chunk.length == DmelChunk(dmel=data).length == 300
@@ -38,7 +23,7 @@ def test_levels_decode_in_every_integer_dtype_and_length_is_the_sdks(dtype_byte:
 
 
 def test_a_constant_tensor_broadcasts_its_one_value() -> None:
-    chunk = decode_dmel(container(np.full((5, 8), 3), constant=True))
+    chunk = decode_dmel(tensor_container(np.full((5, 8), 3), constant=True))
     np.testing.assert_array_equal(chunk.levels, np.full((5, 8), 3))
 
 
@@ -60,18 +45,18 @@ def test_bad_containers_are_user_errors(data: bytes, words: str) -> None:
 def test_a_model_checks_bins_levels_and_placeholders_in_text() -> None:
     spec = AudioSpec.of_config({"audio_token_id": 7, "audio_config": {"n_mel_bins": 8, "mel_vocab_size": 16}})
     assert spec == AudioSpec(7, 8, 16)
-    spec.check(decode_dmel(container(np.full((2, 8), 15))))
+    spec.check(decode_dmel(tensor_container(np.full((2, 8), 15))))
     with pytest.raises(UserError, match="6 mel bins; this model takes 8"):
-        spec.check(decode_dmel(container(np.zeros((2, 6), np.int64))))
+        spec.check(decode_dmel(tensor_container(np.zeros((2, 6), np.int64))))
     with pytest.raises(UserError, match=r"level 16; this model takes levels in \[0, 16\)"):
-        spec.check(decode_dmel(container(np.full((2, 8), 16))))
+        spec.check(decode_dmel(tensor_container(np.full((2, 8), 16))))
     with pytest.raises(UserError, match="placeholder token 7"):
         spec.check_text(np.array([1, 7, 2]))
     assert AudioSpec.of_config({"vision_config": {}, "image_token_id": 3}) is None
 
 
 def test_caps_count_every_clip_of_a_request() -> None:
-    clips = [decode_dmel(container(np.zeros((10, 8), np.int64))) for _ in range(3)]
+    clips = [decode_dmel(tensor_container(np.zeros((10, 8), np.int64))) for _ in range(3)]
     check_audio_caps(clips, AudioLimits(max_frames=30, max_bytes=10_000))
     with pytest.raises(UserError, match="30 audio frames are over this server's cap of 29"):
         check_audio_caps(clips, AudioLimits(max_frames=29))
