@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 CONSTANT_MARKER = 254
 DTYPES: dict[int, np.dtype] = {2: np.dtype("<i4"), 3: np.dtype("<i8"), 4: np.dtype("u1")}
 _DTYPE_NAMES = {2: "int32", 3: "int64", 4: "uint8"}
+MAX_CLIP_VALUES = 1 << 24
+"""Most values (frames x mel bins) one clip may hold, checked on its header before anything is allocated: a
+constant clip (a marker and one value) names its shape in a few bytes, so the shape alone would let a request
+make any size of array (30,000 frames x 512 bins fit)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ def decode_dmel(data: bytes) -> AudioChunk:
     bins, offset = _varint(data, offset)
     if frames < 1 or bins < 1:
         raise UserError(f"dmel tensor has shape ({frames}, {bins}); a clip needs at least one frame and one bin")
+    if frames * bins > MAX_CLIP_VALUES:
+        raise UserError(f"dmel tensor ({frames}, {bins}) holds {frames * bins} values; a clip holds at most "
+                        f"{MAX_CLIP_VALUES}")
     dtype = DTYPES[code]
     count = 1 if constant else frames * bins
     payload = data[offset:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dmel_bytes import tensor_container
+from dmel_bytes import tensor_container, varint
 from tinker.types import DmelChunk
 
 from tx.multimodal.audio import AudioLimits, AudioSpec, check_audio_caps, decode_dmel
@@ -151,3 +151,13 @@ def _layout(items):
     from tx.backends.torch.plan import pack_rows
 
     return pack_rows([item.num_tokens for item in items]).segments
+
+
+def test_a_shape_past_the_clip_bound_is_refused_before_anything_is_allocated() -> None:
+    """A constant clip names its shape in a few bytes: (10**12, 80) of one value allocated 582 TiB (a
+    MemoryError, a 500) before the per-request caps were looked at."""
+    huge = b"\xfe" + bytes([4]) + varint(2) + varint(10**12) + varint(80) + b"\x01"
+    with pytest.raises(UserError, match="holds 80000000000000 values; a clip holds at most 16777216"):
+        decode_dmel(huge)
+    assert decode_dmel(b"\xfe" + bytes([4]) + varint(2) + varint(30_000) + varint(80) + b"\x01").levels.shape == (
+        30_000, 80)  # a long clip of the default frame cap still decodes
