@@ -1,6 +1,7 @@
 """Audio (DMel chunks) through the real SDK against a real `tx serve` on a tiny Inkling (8 mel bins, 16 levels):
 training and forward see every frame as one placeholder position, the sampler's logprobs equal the trainer's,
-bad clips and audio sent to a text-only model are 4xx naming the chunk (docs/model-families.md#audio-in).
+bad clips, audio sent to a text-only model and an image beside a clip (the tiny Inkling takes no images) are 4xx
+naming the chunk (docs/model-families.md#audio-in).
 
 Clips are serialized as the SDK's TensorContainer bytes by `dmel` below; one test checks that the cookbook's
 serializer (tml-renderers' native `_dmel_to_tensor_container_bytes`) makes the same bytes. The slow test shows
@@ -10,6 +11,7 @@ learning: SFT maps three synthetic clip patterns to their labels, and greedy sam
 from __future__ import annotations
 
 import importlib.util
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,6 +216,26 @@ def test_bad_clips_in_a_prompt_are_user_errors(served, client, sampler) -> None:
     text_sampler = client.create_sampling_client(base_model=served[2]).result()
     message = user_failure(text_sampler.sample(audio_input(clip(0)), 1, types.SamplingParams(max_tokens=2)))
     assert "audio" in message, message
+
+
+def png() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 40, 40)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_an_image_beside_a_clip_is_a_user_error_naming_the_image(trainer, sampler) -> None:
+    """Text, a clip and an image in one prompt: a 400 naming the image chunk, in training and sampling. The tiny
+    Inkling takes no images: transformers' Inkling image processor is torchvision-only, and torchvision cannot be
+    imported beside CPU torch here (docs/model-families.md#where-lora-lands)."""
+    mixed = types.ModelInput(chunks=[*audio_input(clip(0, 4)).chunks,
+                                     types.ImageChunk(data=png(), format="png", expected_tokens=4)])
+    for future in (trainer.forward([datum(mixed)], "cross_entropy"),
+                   sampler.sample(mixed, 1, types.SamplingParams(max_tokens=2))):
+        message = user_failure(future)
+        assert "chunk 3" in message and "takes no images" in message, message
 
 
 LABELS = (100, 101, 102)  # one token per class

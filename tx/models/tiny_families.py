@@ -31,18 +31,21 @@ layers, and adds what makes the family itself:
   with a dense MLP, then a full-attention one with 4 routed experts (top 2) and a shared expert; short
   convolutions and a relative position bias in every layer; its final hidden states are divided by 2 before
   the head (muP; the real model's 24 leaves a tiny model's logits no room to learn: docs/tiny-models.md). It
-  is written without an image processor config, so tx takes text only for it.
+  is written without an image processor config, so tx takes text and audio for it, not images: transformers'
+  Inkling image processor is torchvision-only, and torchvision cannot be imported beside CPU torch here
+  (docs/model-families.md#where-lora-lands).
 - inkling_o200k: the same tiny Inkling at the real model's interface (vocabulary 201,024, its special ids, 80 mel
   bins of 256 levels), for clients that render with the real tokenizer (the cookbook's audio recipes).
-- inkling2: Inkling 2 (transformers >= 5.23), multimodal, text only as Inkling: sliding-window, full and
-  sliding-window layers (sinks, gates, a relative position bias, short convolutions, dynamic ones on the full
-  layer's keys and values), each with 4 routed experts (top 2, sigmoid-scored, softcapped SwiGLU); attention
-  residuals over blocks of 2 layers, so both layer types meet a block boundary; its logits softcapped at 30.
-- mistral_large4: Mistral Large 4 (transformers >= 5.22), multimodal (a Pixtral tower), text only as Inkling:
-  four layers of multi-head latent attention with the DSA indexer: a dense-MLP layer running its indexer whose
-  latent KV the last two reuse, a NoPE layer reusing the indexer's choice, a layer with its own indexer over the
-  reused KV, and one reusing both; the last three with 4 routed experts (top 2) and a shared one. Its logits
-  are softcapped at 30.
+- inkling2: Inkling 2 (transformers >= 5.23), multimodal, text only (no audio tower; its image processor is
+  torchvision-only, as Inkling's): sliding-window, full and sliding-window layers (sinks, gates, a relative
+  position bias, short convolutions, dynamic ones on the full layer's keys and values), each with 4 routed experts
+  (top 2, sigmoid-scored, softcapped SwiGLU); attention residuals over blocks of 2 layers, so both layer types
+  meet a block boundary; its logits softcapped at 30.
+- mistral_large4: Mistral Large 4 (transformers >= 5.22), multimodal (a Pixtral tower), text only (written without
+  an image processor config): four layers of multi-head latent attention with the DSA indexer: a dense-MLP layer
+  running its indexer whose latent KV the last two reuse, a NoPE layer reusing the indexer's choice, a layer with
+  its own indexer over the reused KV, and one reusing both; the last three with 4 routed experts (top 2) and a
+  shared one. Its logits are softcapped at 30.
 
 Windows of 16 tokens are shorter than the sequences tests send, so the window is exercised.
 """
