@@ -6,6 +6,7 @@ Screenshots of each page go to $TX_CONSOLE_SHOTS (default: the test's temporary 
 from __future__ import annotations
 
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from tinker import types
 from txserver import API_KEY, TxServer
 
 from tx.api.auth import owner_of
+from tx.api.wire.schemas.console import RunMetrics
 
 ALICE, BOB, OPERATOR = API_KEY, "tml-bob-key", "tml-operator-key"
 LOAD_BUDGET_MS = 300
@@ -547,6 +549,46 @@ def test_a_session_whose_sdk_client_exited_stops_being_shown_active(console_serv
         time.sleep(2)
     assert shown["status"] == "idle" and "no heartbeat for" in shown["reason"], shown
     assert time.monotonic() > deadline - 60 + 15  # not before a few heartbeats were missed
+
+
+def run_metrics(server: TxServer, key: str, run_id: str) -> RunMetrics:
+    answer = httpx.get(f"{server.url}/api/v1/console/runs/{run_id}/metrics", headers={"X-API-Key": key}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return RunMetrics.model_validate_json(answer.content)
+
+
+def test_a_run_pages_kept_metrics_give_way_to_a_new_step_and_to_thinning(console_server: TxServer) -> None:
+    """A whole read is kept written (issue 41: a reload of 20,000 calls answers from memory) while the run records
+    nothing new: a recorded call, or thinning, makes the next read a fresh one, whichever process wrote them."""
+    from tx.store.store import Store
+
+    with console_server.client(ALICE) as alice:
+        run = alice.create_lora_training_client("tiny-qwen3", rank=4).result().model_id
+    seed_steps(console_server, run, 50)  # written by another process than the server, as a second recorder would
+    first = run_metrics(console_server, ALICE, run)
+    assert (len(first.calls.seq), first.last_seq, first.run.steps, first.calls.seconds[0]) == (100, 100, 50, 0.05)
+    db = console_server.data_dir / "tx.db"
+    with sqlite3.connect(db) as conn:  # a row changed behind tx's back (tx never changes one): the kept read hides it
+        conn.execute("UPDATE run_metrics SET seconds = 9.5 WHERE run_id = ? AND seq = 1", (run,))
+    kept = run_metrics(console_server, ALICE, run)
+    assert kept.calls == first.calls and kept.calls.seconds[0] == 0.05
+    seed_steps(console_server, run, 1)
+    grown = run_metrics(console_server, ALICE, run)
+    assert (len(grown.calls.seq), grown.last_seq, grown.run.steps, grown.calls.step[-1]) == (102, 102, 51, 51)
+    assert grown.calls.seconds[0] == 9.5  # read again, not kept
+    store = Store.from_url(f"sqlite:///{db}")
+    try:
+        dropped = store.metrics.thin(run)
+    finally:
+        store.close()
+    thinned = run_metrics(console_server, ALICE, run)
+    assert dropped > 0 and len(thinned.calls.seq) == 102 - dropped and thinned.last_seq == 102
+    with sqlite3.connect(db) as conn:
+        kept_seqs = [seq for (seq,) in conn.execute("SELECT seq FROM run_metrics WHERE run_id = ? ORDER BY seq",
+                                                    (run,))]
+    assert thinned.calls.seq == kept_seqs
+    other = httpx.get(f"{console_server.url}/api/v1/console/runs/{run}/metrics", headers={"X-API-Key": BOB}, timeout=30)
+    assert other.status_code == 404, other.text  # a kept answer is no answer to another tenant
 
 
 def console_me(server: TxServer, key: str) -> dict:

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from tx.api.auth import KeyChecker, OperatorChecker, TokenIssuer, labels_by_owner
 from tx.api.console_engines import EngineRates
+from tx.api.console_metrics import MetricsCache
 from tx.api.context import Context, Runtime
 from tx.api.errors import install_error_handlers
 from tx.api.hosts import HostCheck, allowed_host_names
@@ -217,6 +218,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = metrics = Metrics()
     app.state.settings = settings
     app.state.engine_rates = EngineRates()
+    app.state.metrics_cache = MetricsCache()
     # checkpoints before runs: its .../{checkpoint_id:path}/publish routes must match first
     for module in (client, identity, audit, sessions, training, custom_losses, futures, checkpoints, copies,
                    imports, merges, runs, sampling, downloads, console):

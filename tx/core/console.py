@@ -46,6 +46,7 @@ class RunSummary:
     tags: tuple[str, ...] = ()
     base_revision: str | None = None  # the base model's weights it was created on (None: not recorded)
     base_fingerprint: str | None = None
+    recorded: tuple[int, int] = (0, 0)  # (newest recorded call's seq, rows kept): moved by a call or by thinning
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class ConsoleViews:
             lora=lora_of(row), created_at=_utc(row.created_at), last_activity=last, state=state, queued=queued,
             steps=totals.steps if totals else 0, tokens=totals.total_tokens if totals else 0, last_loss=last_loss,
             name=row.name, tags=tuple(row.tags or ()), base_revision=row.base_revision,
-            base_fingerprint=row.base_fingerprint,
+            base_fingerprint=row.base_fingerprint, recorded=(totals.calls, totals.rows) if totals else (0, 0),
         )
 
     def _last_losses(self, rows: list[TrainingRunRow]) -> dict[str, float]:
