@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
 import torch
 
+from tx.core.engine_check import TrainerReference
+from tx.core.futures import FutureRegistry
+from tx.core.scheduler import Scheduler
 from tx.optimizers import AdamParams
-from tx.types import Datum, ForwardBackwardInput, ModelInput
+from tx.types import BaseLogprobs, Datum, ForwardBackwardInput, ModelInput
 
 TINY_NAME = "tiny-qwen3"
 TINY_VOCAB = 512
@@ -104,3 +108,19 @@ def train(backend, model_id: str, data: list[Datum], steps: int, lr: float = 5e-
         losses.append(backend.forward_backward(model_id, ce(data)).metrics["loss:sum"])
         backend.optim_step(model_id, AdamParams(learning_rate=lr))
     return losses
+
+
+def core_reference(backend, base_model: str, sequences: list[list[int]]) -> BaseLogprobs | None:
+    """What the core hands the engines' self-check for `backend` (`tx/core/engine_check.py`, on its training
+    thread); None is what leaves an engine unchecked, with a warning."""
+
+    async def ask() -> BaseLogprobs | None:
+        futures = FutureRegistry(asyncio.get_running_loop(), ttl_s=3600)
+        scheduler = Scheduler(futures, 30)
+        scheduler.start()
+        try:
+            return await TrainerReference(backend, futures, scheduler)(base_model, sequences)
+        finally:
+            scheduler.stop(5)
+
+    return asyncio.run(ask())

@@ -1,10 +1,12 @@
 """`TorchBackend.base_logprobs`: the base model's forward that the engines' self-check compares with
-(tx/inference/manager/selfcheck.py): the trainer's own logprobs of the same tokens, and never an adapter's."""
+(tx/inference/manager/selfcheck.py): the trainer's own logprobs of the same tokens, and never an adapter's.
+The other trainers' are checked against this one with their own fixtures: the trainer workers in
+test_torch_workers.py, the JAX trainer in test_jax_backend.py."""
 
 from __future__ import annotations
 
 import numpy as np
-from backend_helpers import TINY_NAME, ce, datum, randomize
+from backend_helpers import TINY_NAME, ce, core_reference, datum, randomize
 
 from tx.models.agreement import FLOAT32_TOLERANCE
 from tx.types import LoraConfig
@@ -31,3 +33,9 @@ def test_base_logprobs_are_the_trainers_with_no_adapter_and_ignore_loaded_adapte
     assert max(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(before.logprobs, adapted)) > 1e-2
     np.testing.assert_allclose(np.concatenate(after.logprobs), np.concatenate(before.logprobs), atol=1e-6)
     assert trainer_logprobs(backend, "m")[0].tolist() == adapted[0].tolist()  # the adapter is back on after
+
+
+def test_the_core_hands_the_trainers_base_forward_to_the_engines_check(backend):
+    """`tx/core/engine_check.py` runs it on the training thread and hands over the same rows and bound."""
+    got = core_reference(backend, TINY_NAME, TOKENS)
+    assert got == backend.base_logprobs(TINY_NAME, TOKENS)

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from backend_helpers import TINY_NAME, ce, sft_data, snapshot
+from backend_helpers import TINY_NAME, ce, core_reference, sft_data, snapshot
 
 from tx.backends.torch.model import load_causal_lm
 from tx.backends.torch.workers import create_workers_backend
@@ -16,6 +16,8 @@ from tx.backends.torch.workers.messages import Request, WireDatum
 from tx.backends.torch.workers.policy import base_bytes, too_big
 from tx.backends.torch.workers.shares import split_by_tokens
 from tx.config.sections import TrainerSection
+from tx.inference.manager.selfcheck import check_prompts
+from tx.models.agreement import FLOAT32_TOLERANCE
 from tx.optimizers import AdamParams
 from tx.types import (
     Datum,
@@ -23,6 +25,7 @@ from tx.types import (
     ImageChunk,
     LoraConfig,
     ModelInput,
+    NotFoundError,
     ProvenanceSpan,
     TextChunk,
     UserError,
@@ -151,6 +154,25 @@ def test_several_runs_in_one_call_train_exactly_like_one_process(backend, worker
     finally:
         for i in range(2):
             workers.delete_model(f"many-{i}")
+
+
+def test_the_engines_self_check_gets_the_workers_base_forward(backend, workers, tiny_model_dir):
+    """`base_logprobs` over the workers (held whole: rank 0's base, under the adapters of this module's runs;
+    sharded: a copy sharded for the call) is the in-process trainer's, and the core hands it to the engines'
+    self-check (before: None, and the engine was left unchecked)."""
+    workers.create_model("adapted", TINY_NAME, LORA)
+    workers.forward_backward("adapted", ce(DATA))
+    workers.optim_step("adapted", STEPS[0])  # an adapter off the identity on the base held whole
+    sequences = check_prompts(tiny_model_dir) + [[3, 9, 27, 81, 12]]
+    want = backend.base_logprobs(TINY_NAME, sequences)
+    got = core_reference(workers, TINY_NAME, sequences)
+    assert got is not None and got.tolerance == FLOAT32_TOLERANCE
+    assert [len(row) for row in got.logprobs] == [len(row) for row in want.logprobs]
+    np.testing.assert_allclose(np.concatenate(got.logprobs), np.concatenate(want.logprobs), atol=1e-5)
+    assert workers.forward_backward("adapted", ce(DATA[:1])).metrics["loss:sum"] > 0  # the group carries on
+    workers.delete_model("adapted")
+    with pytest.raises(NotFoundError):
+        workers.base_logprobs("nope", sequences)
 
 
 def test_auto_holds_a_base_that_fits_whole(tiny_model_dir):

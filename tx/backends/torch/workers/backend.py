@@ -40,6 +40,7 @@ from tx.backends.torch.workers.shares import combine_metrics, split_by_tokens
 from tx.multimodal import AudioLimits, ImageLimits, audio_spec, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
+    BaseLogprobs,
     BaseModelInfo,
     ConflictError,
     Datum,
@@ -112,6 +113,13 @@ class WorkersBackend(LoraFilesBackend):
 
     def trainer_name(self) -> str:
         return "trainer workers (--trainer-workers > 1)"
+
+    def base_logprobs(self, base_model: str, sequences: Sequence[Sequence[int]]) -> BaseLogprobs:
+        """The workers' forward of the base model (`worker.Worker._base_logprobs`), rows from rank 0."""
+        self.base_model_info(base_model)
+        request = Request(op="base_logprobs", base_model=base_model, sequences=[list(s) for s in sequences])
+        reply, _ = self._all(request)
+        return BaseLogprobs(reply.logprobs, reply.tolerance)
 
     # ---- runs ----
 
@@ -279,7 +287,8 @@ class WorkersBackend(LoraFilesBackend):
         with self._lock:
             group = self._ensure_group()
             op = next(iter(messages.values()))[0].op
-            if op not in ("read_lora", "read_state", "forward_backward", "forward_backward_many", "threads"):
+            if op not in ("read_lora", "read_state", "forward_backward", "forward_backward_many", "threads",
+                          "base_logprobs"):
                 self._gathered = None  # the weights may change
             try:
                 replies = group.call(messages)

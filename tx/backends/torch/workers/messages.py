@@ -47,6 +47,7 @@ Op = Literal[
     "read_state",
     "write_state",
     "threads",
+    "base_logprobs",
 ]
 _LENGTH = struct.Struct(">Q")
 _DTYPES = {"float32", "float64", "float16", "int64", "int32", "bool"}
@@ -209,6 +210,7 @@ class Request(BaseModel):
     directory: str = ""  # write_state: the checkpoint the tensors came from (named in errors)
     optimizer_meta: dict[str, Any] | None = None  # param_groups of an AdamW state (write_state)
     threads: int = 0  # threads: each worker's torch CPU threads from now on (0: unchanged; replies with them)
+    sequences: list[list[int]] = Field(default_factory=list)  # base_logprobs: the token sequences of base_model
 
 
 class Reply(BaseModel):
@@ -220,6 +222,8 @@ class Reply(BaseModel):
     optimizer_meta: dict[str, Any] | None = None
     address: str = ""  # hello: where this worker's rendezvous store listens (rank 0)
     calls: list[Reply] = Field(default_factory=list)  # forward_backward_many: each call's, in order
+    logprobs: list[list[float]] = Field(default_factory=list)  # base_logprobs (rank 0): one row a sequence
+    tolerance: float = 0.0  # base_logprobs (rank 0): the bound of the model's dtype (`BaseLogprobs`)
 
 
 def write_frame(stream: IO[bytes], header: BaseModel, payload: bytes = b"") -> None:

@@ -16,10 +16,13 @@ runs for a step, and a rank with fewer (or no datums) runs passes on one token w
 zero (`idle_pass`) after its own.
 
 Each run holds its own sharded copy of the base model (1/N of it on each worker): adapters cannot be added
-to a model FSDP has already sharded.
+to a model FSDP has already sharded. The engines' self-check (`base_logprobs`) shards a copy with no adapter
+for its one call (`sharded_base_logprobs`), which is dropped after it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,7 +38,7 @@ from tx.backends.torch.packing import choose_packing
 from tx.backends.torch.workers.rank_backend import RankTorchBackend
 from tx.multimodal import audio_spec, vision_processor
 from tx.optimizers import ADAMW, OptimizerConfig
-from tx.types import ForwardBackwardInput, ForwardBackwardResult, LoraConfig
+from tx.types import BaseLogprobs, ForwardBackwardInput, ForwardBackwardResult, LoraConfig
 
 
 class ShardedTorchBackend(RankTorchBackend):
@@ -60,21 +63,19 @@ class ShardedTorchBackend(RankTorchBackend):
         run = self._runs[model_id]
         host = self._hosts[base_model]
         host.activate(run.adapter)
-        blocks = set(getattr(host.model, "_no_split_modules", None) or ())
-        for module in host.model.modules():
-            if type(module).__name__ in blocks:
-                fully_shard(module)
-        fully_shard(host.model)  # the root: the module a pass calls (`AdapterHost.hidden_states`)
-        for module in host.model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
+        shard(host.model)
         run.params = host.parameters(run.adapter)  # FSDP replaced them with sharded ones
         run.optimizer = new_optimizer(run.params.values())
         dtype, checkpointing = self._torch_dtype(), bool(self.settings.gradient_checkpointing)
         self._budgets[base_model] = self._budget(
             host.model, dtype, checkpointing
         )  # with 1/N of the model here
+
+    def sharded_base_logprobs(self, base_model: str, sequences: Sequence[Sequence[int]]) -> BaseLogprobs:
+        """`base_logprobs` on the base sharded over the group with no adapter, in a backend that hosts no run (its
+        copy is dropped with it). Every rank calls it with the same sequences: each forward all-gathers."""
+        shard(self._host(base_model).model)
+        return self.base_logprobs(base_model, sequences)
 
     def forward_backward(self, model_id: str, batch: ForwardBackwardInput) -> ForwardBackwardResult:
         """This rank's share of a step, padded with idle passes to as many passes as the busiest rank runs."""
@@ -109,3 +110,17 @@ class ShardedTorchBackend(RankTorchBackend):
             zero = host.unembedding(host.hidden_states(tokens)).sum() * 0.0
         if backward:
             zero.backward()
+
+
+def shard(model: torch.nn.Module) -> None:
+    """FSDP2 over every transformer block (the model's `_no_split_modules`) and the root, the module a pass calls
+    (`AdapterHost.hidden_states`); gradients are reduced by plain sums (the module docstring)."""
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for module in model.modules():
+        if type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)

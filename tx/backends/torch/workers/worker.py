@@ -82,6 +82,8 @@ class Worker:
             return Reply(), b""
         if op == "forward_backward_many":
             return Reply(calls=self._many(request)), b""
+        if op == "base_logprobs":
+            return self._base_logprobs(request), b""
         backend = self._run(model_id)
         if op == "delete_model":
             if backend is self._replicated:
@@ -137,6 +139,25 @@ class Worker:
 
     def _backend_for(self, base_model: str) -> RankTorchBackend:
         """A new sharded backend for one run, or the one shared by runs on bases held whole."""
+        if self._shards(base_model):
+            return ShardedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
+        return self._whole()
+
+    def _base_logprobs(self, request: Request) -> Reply:
+        """The base model's forward of `request.sequences` (`TorchBackend.base_logprobs`), rows on rank 0: a
+        base held whole runs on rank 0 alone, with the base every run on it shares; a sharded base is sharded
+        afresh, with no adapter, for this call only, and every rank runs the forward (its all-gathers)."""
+        if self._shards(request.base_model):
+            reference = ShardedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
+            result = reference.sharded_base_logprobs(request.base_model, request.sequences)
+        elif self.rank == 0:
+            result = self._whole().base_logprobs(request.base_model, request.sequences)
+        else:
+            return Reply()
+        return Reply(logprobs=result.logprobs, tolerance=result.tolerance) if self.rank == 0 else Reply()
+
+    def _shards(self, base_model: str) -> bool:
+        """Whether the group shards `base_model` (decided once, by every rank together)."""
         if base_model not in self.models:
             raise NotFoundError(f"base model {base_model!r} is not served here")
         if base_model not in self._sharded:
@@ -144,8 +165,10 @@ class Worker:
             self._sharded[base_model] = shard_base(
                 self.trainer.shard_base, self.models[base_model], dtype, self.device, self.world_size
             )
-        if self._sharded[base_model]:
-            return ShardedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
+        return self._sharded[base_model]
+
+    def _whole(self) -> ReplicatedTorchBackend:
+        """The backend every run on a base held whole shares."""
         if self._replicated is None:
             self._replicated = ReplicatedTorchBackend(self.models, device=str(self.device), settings=self.trainer)
         return self._replicated
