@@ -12,7 +12,17 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from backend_helpers import TINY_NAME, ce, datum, grads, randomize, sequences, sft_data, snapshot
+from backend_helpers import (
+    TINY_NAME,
+    ce,
+    core_reference,
+    datum,
+    grads,
+    randomize,
+    sequences,
+    sft_data,
+    snapshot,
+)
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -24,6 +34,8 @@ from tx.backends.jax.step import JAX_OPS  # noqa: E402
 from tx.backends.torch.backend import TorchBackend  # noqa: E402
 from tx.backends.torch.ops import TORCH_OPS  # noqa: E402
 from tx.config.sections import TrainerSection  # noqa: E402
+from tx.inference.manager.selfcheck import check_prompts  # noqa: E402
+from tx.models.agreement import FLOAT32_TOLERANCE  # noqa: E402
 from tx.optimizers import AdamParams
 from tx.types import ForwardBackwardInput, LoraConfig  # noqa: E402
 
@@ -102,6 +114,19 @@ def test_same_weights_same_batch_same_results(pair, tmp_path, base, loss):
     norms = [backend.optim_step(model_id, ADAM).metrics["grad_norm"] for backend in pair]
     assert norms[1] == pytest.approx(norms[0], rel=1e-4)
     assert_close_dicts(snapshot(pair[1], model_id), snapshot(pair[0], model_id))
+
+
+@pytest.mark.parametrize("base", [TINY_NAME, LLAMA])
+def test_the_engines_self_check_gets_the_jax_base_forward(pair, tmp_path, model_dirs, base):
+    """`base_logprobs` of the JAX trainer is the torch trainer's (no adapter, though a random one is loaded),
+    and the core hands it to the engines' self-check (before: None, and the engine was left unchecked)."""
+    twin_runs(pair, base, tmp_path)
+    sequences_ = check_prompts(model_dirs[base]) + [[3, 9, 27, 81, 12]]
+    want = pair[0].base_logprobs(base, sequences_)
+    got = core_reference(pair[1], base, sequences_)
+    assert got is not None and got.tolerance == FLOAT32_TOLERANCE
+    assert [len(row) for row in got.logprobs] == [len(row) for row in want.logprobs]
+    np.testing.assert_allclose(np.concatenate(got.logprobs), np.concatenate(want.logprobs), atol=1e-5)
 
 
 def test_runs_are_isolated_seeded_and_target_their_modules(pair):

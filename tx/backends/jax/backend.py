@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +31,10 @@ from tx.backends.losses import get_loss
 from tx.backends.torch import checkpoint
 from tx.backends.torch.model import read_model_info
 from tx.backends.torch.settings import CPU_MICRO_BATCH_TOKENS
+from tx.models.agreement import FLOAT32_TOLERANCE
 from tx.optimizers import ADAMW, OptimizerConfig, OptimParams
 from tx.types import (
+    BaseLogprobs,
     BaseModelInfo,
     ConflictError,
     ForwardBackwardInput,
@@ -101,6 +103,17 @@ class JaxBackend(LoraFilesBackend):
 
     def served_models(self) -> list[BaseModelInfo]:
         return list(self._infos.values())
+
+    def base_logprobs(self, base_model: str, sequences: Sequence[Sequence[int]]) -> BaseLogprobs:
+        """The base model's forward of each sequence, no adapter (one compilation per length); float32 weights,
+        so the float32 bound."""
+        self.base_model_info(base_model)
+        host = self._host(base_model)
+        rows = []
+        for tokens in sequences:
+            ids = self._replicate(np.asarray([list(tokens)], dtype=np.int32))
+            rows.append(np.asarray(step.base_logprobs(host.base, ids, spec=host.spec))[0].tolist())
+        return BaseLogprobs(rows, FLOAT32_TOLERANCE)
 
     def _host(self, base_model: str) -> Host:
         if base_model not in self._hosts:

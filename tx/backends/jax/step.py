@@ -1,4 +1,5 @@
-"""The jitted passes: the loss of one micro-batch, forward only or with LoRA gradients accumulated.
+"""The jitted passes: the loss of one micro-batch, forward only or with LoRA gradients accumulated; and the
+base model's own logprobs of a sequence (the engines' self-check, `JaxBackend.base_logprobs`).
 
 The loss is the shared per-token formula (`tx.backends.losses`) over JAX arrays, masked and summed. The model
 spec and the loss name are static (one compilation per model, loss and input shape); loss_fn_config values
@@ -42,3 +43,10 @@ def forward_backward(base, lora, grads, batch: Batch, scale, config, *, spec: Mo
     value_and_grad = jax.value_and_grad(_loss, has_aux=True)
     (loss, logp), new = value_and_grad(lora, base, batch, scale, config, spec, loss_name)
     return loss, logp, jax.tree.map(jnp.add, grads, new)
+
+
+@partial(jax.jit, static_argnames=("spec",))
+def base_logprobs(base, input_ids, *, spec: ModelSpec):
+    """(1, T - 1) logprobs of each token of a (1, T) sequence given the ones before it: the base model alone."""
+    logits = model.logits(spec, base, {}, jnp.float32(0.0), input_ids)
+    return model.target_logprobs(logits[:, :-1], input_ids[:, 1:, None])[..., 0]
