@@ -117,20 +117,35 @@ class ImageAssetPointer:
 
 @dataclass(frozen=True, eq=False)
 class AudioChunk:
-    """A DMel clip as the client sent it (`data`: the SDK's TensorContainer bytes) and decoded (`levels`: int64,
-    (frames, mel bins)); one frame is one placeholder token of the model (docs/model-families.md#audio-in)."""
+    """A DMel clip as the client sent it (`data`: the SDK's TensorContainer bytes) and its header as read and
+    checked (`tx.multimodal.audio.decode_dmel`): its shape (frames, mel bins), the dtype of its values, where
+    they start in `data` and whether it is constant (one value, broadcast). One frame is one placeholder token of
+    the model (docs/model-families.md#audio-in). Its values are read only by `levels`, once the caps have passed."""
 
     data: bytes
-    levels: np.ndarray
+    frames: int
+    bins: int
+    dtype: str  # the values' numpy dtype: "u1", "<i4" or "<i8"
+    start: int  # where the values start in `data`
+    constant: bool = False
 
     @property
     def length(self) -> int:
         """Frames: the tokens the chunk takes, as the SDK counts them (`DmelChunk.length`, dim 0)."""
-        return int(self.levels.shape[0])
+        return self.frames
 
     @property
     def expected_tokens(self) -> int:
         return self.length
+
+    def levels(self) -> np.ndarray:
+        """The clip's values, (frames, bins), in the dtype they came in: a read-only view of `data` (a constant
+        clip's one value broadcast), so nothing is copied or widened until the model takes them as ids."""
+        count = 1 if self.constant else self.frames * self.bins
+        values = np.frombuffer(self.data, dtype=self.dtype, count=count, offset=self.start)
+        if self.constant:
+            return np.broadcast_to(values, (self.frames, self.bins))
+        return values.reshape(self.frames, self.bins)
 
 
 Chunk = Union[TextChunk, ImageChunk, ImageAssetPointer, AudioChunk]
@@ -307,7 +322,7 @@ class PlacedImage:
 
 @dataclass(frozen=True, eq=False)
 class PlacedAudio:
-    """One audio clip of an expanded input: its levels (int64, (frames, mel bins)) and the placeholder span it
+    """One audio clip of an expanded input: its levels ((frames, mel bins), in the dtype the client sent) and the placeholder span it
     fills (one token per frame)."""
 
     levels: np.ndarray

@@ -135,6 +135,18 @@ def test_the_audio_quota_and_caps_bound_a_requests_frames(trainer, sampler) -> N
         trainer.forward([next_token_datum(two)], "cross_entropy").result(timeout=120)
 
 
+def test_every_datums_caps_come_before_any_clips_levels(trainer) -> None:
+    """Issue 40: the caps of every clip of a request are read off their headers before any clip's values, so a
+    later datum over --audio-max-bytes is the refusal, not an earlier datum's bad level (before, datum 0's levels
+    were read, and widened, first)."""
+    level, _ = bad_chunk("level")
+    over, words = bad_chunk("bytes")  # 40 frames of int64: over the byte cap, under the frame quota
+    data = [types.Datum(model_input=audio_input(chunk), loss_fn_inputs={
+        "target_tokens": [0] * (chunk.length + 4), "weights": [1.0] * (chunk.length + 4)}) for chunk in (level, over)]
+    message = user_failure(trainer.forward(data, "cross_entropy"))
+    assert "datum 1" in message and words in message and "--audio-max-bytes" in message, message
+
+
 @pytest.mark.parametrize("case", ["bins", "level", "rank", "dtype", "truncated", "bytes"])
 def test_bad_clips_are_user_errors_naming_the_chunk(trainer, case: str) -> None:
     chunk, words = bad_chunk(case)

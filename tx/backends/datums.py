@@ -75,6 +75,7 @@ def check_batch(batch: ForwardBackwardInput, rules: DatumRules) -> None:
     images are decoded (see the module's docstring); UserError names the datum."""
     loss, _ = batch_loss(batch)
     check_not_empty(batch.data)
+    check_clip_caps(batch.data, rules.audio_limits)
     for index, datum in enumerate(batch.data):
         text, image_tokens, exact = _declared(datum.model_input, rules, index)
         if exact:
@@ -193,13 +194,23 @@ def _check_takes(chunk: Chunk, rules: DatumRules, index: int, number: int) -> No
         raise UserError(f"datum {index}: chunk {number}: {exc}") from None
 
 
+def check_clip_caps(data: list[Datum], limits: AudioLimits) -> None:
+    """The audio caps on each datum's clips, for every datum before any clip's values are read (a datum's level
+    check would read its clips): off their headers and byte lengths (`check_audio_caps`)."""
+    for index, datum in enumerate(data):
+        clips = [chunk for chunk in datum.model_input.chunks if isinstance(chunk, AudioChunk)]
+        try:
+            check_audio_caps(clips, limits)
+        except UserError as exc:
+            raise UserError(f"datum {index}: {exc}") from None
+
+
 def _check_audio(model_input: ModelInput, rules: DatumRules, index: int) -> None:
-    """The audio caps on one datum's clips, and no audio placeholder in its text."""
-    clips = [chunk for chunk in model_input.chunks if isinstance(chunk, AudioChunk)]
+    """No audio placeholder in the datum's text (its clips' caps were checked first: `check_clip_caps`)."""
+    if rules.audio is None:
+        return
     try:
-        check_audio_caps(clips, rules.audio_limits)
-        if rules.audio is not None:
-            rules.audio.check_text(_text_ids(model_input))
+        rules.audio.check_text(_text_ids(model_input))
     except UserError as exc:
         raise UserError(f"datum {index}: {exc}") from None
 

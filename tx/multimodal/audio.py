@@ -7,6 +7,11 @@ little-endian; the other dtype bytes are not integers and are refused), a varint
 data. A clip is rank 2, (frames, mel bins); each frame is one placeholder token of the model, so the chunk's
 length is its frame count, as the SDK counts it (`DmelChunk.length`, dim 0).
 
+Decoding reads the header only (`decode_dmel`): the caps on a request's clips (`check_audio_caps`, the audio
+quota) are read off every clip's header and byte length before any clip's values are read, and the values are
+then viewed in the dtype they came in (`AudioChunk.levels`: the range check runs on uint8 as sent), widened to
+int64 only as one micro-batch's ids (`audio_inputs`).
+
 Whether a model takes audio is read from the model itself, never from a list of family names: its config has
 an `audio_config` with `n_mel_bins` and `mel_vocab_size` and an `audio_token_id`, and its transformers class's
 forward takes `audio_input_ids` (`AudioSpec.load`). Its audio tower embeds every frame alone (Inkling sums one
@@ -50,8 +55,9 @@ class AudioLimits:
 
 
 def decode_dmel(data: bytes) -> AudioChunk:
-    """A DmelChunk's TensorContainer bytes as an `AudioChunk`; a UserError saying what is wrong (the caller
-    names the chunk)."""
+    """A DmelChunk's TensorContainer bytes as an `AudioChunk`: its header read and checked against the bytes, its
+    values not read (`AudioChunk.levels` views them once the caps have passed); a UserError saying what is wrong
+    (the caller names the chunk)."""
     if not data:
         raise UserError("dmel chunk has no data")
     offset, constant = (1, True) if data[0] == CONSTANT_MARKER else (0, False)
@@ -73,14 +79,12 @@ def decode_dmel(data: bytes) -> AudioChunk:
                         f"{MAX_CLIP_VALUES}")
     dtype = DTYPES[code]
     count = 1 if constant else frames * bins
-    payload = data[offset:]
-    if len(payload) != count * dtype.itemsize:
-        raise UserError(f"dmel data holds {len(payload)} bytes after its header; a {_DTYPE_NAMES[code]} "
+    size = len(data) - offset
+    if size != count * dtype.itemsize:
+        raise UserError(f"dmel data holds {size} bytes after its header; a {_DTYPE_NAMES[code]} "
                         f"({frames}, {bins}) tensor{' (constant)' if constant else ''} takes "
                         f"{count * dtype.itemsize}")
-    values = np.frombuffer(payload, dtype=dtype).astype(np.int64)
-    levels = np.broadcast_to(values, (frames, bins)).copy() if constant else values.reshape(frames, bins)
-    return AudioChunk(data=bytes(data), levels=levels)
+    return AudioChunk(data=bytes(data), frames=frames, bins=bins, dtype=dtype.str, start=offset, constant=constant)
 
 
 def _varint(data: bytes, offset: int) -> tuple[int, int]:
@@ -128,8 +132,9 @@ class AudioSpec:
         return spec
 
     def check(self, chunk: AudioChunk) -> None:
-        """A UserError unless `chunk`'s levels fit this model: its bins and its level range."""
-        self.check_levels(chunk.levels)
+        """A UserError unless `chunk`'s levels fit this model: its bins and its level range (read in the dtype the
+        client sent: nothing is widened)."""
+        self.check_levels(chunk.levels())
 
     def check_levels(self, levels: np.ndarray) -> None:
         """`check` of a clip's levels, (frames, bins)."""
@@ -165,7 +170,8 @@ def audio_spec(model_dir: Path) -> AudioSpec | None:
 
 
 def check_audio_caps(chunks: list[AudioChunk], limits: AudioLimits) -> None:
-    """A UserError when one request's (or datum's) clips together pass the frame or byte cap."""
+    """A UserError when one request's (or datum's) clips together pass the frame or byte cap: read off their
+    headers and byte lengths, before any clip's values are."""
     frames = sum(chunk.length for chunk in chunks)
     size = sum(len(chunk.data) for chunk in chunks)
     if frames > limits.max_frames:
@@ -178,7 +184,8 @@ def check_audio_caps(chunks: list[AudioChunk], limits: AudioLimits) -> None:
 
 def audio_inputs(clips: list[np.ndarray], device: torch.device | None = None) -> dict[str, torch.Tensor]:
     """`audio_input_ids` for the model: every frame of `clips` (each (frames, bins), in placeholder order) as a
-    (total frames, 1, bins) tensor, one frame per row (the tower embeds frames alone: `frames_apart`)."""
+    (total frames, 1, bins) tensor, one frame per row (the tower embeds frames alone: `frames_apart`); the one
+    place the levels become int64, one micro-batch's (or prefill's) clips at a time."""
     import torch
 
     frames = torch.from_numpy(np.concatenate(clips)).to(torch.long)[:, None, :]

@@ -129,7 +129,7 @@ def expand_chunks(
                 if audio is None:
                     raise UserError(f"{model_name} takes no audio: the input holds a dmel chunk")
                 audio.check(chunk)
-                clips.append(PlacedAudio(chunk.levels, len(token_ids)))
+                clips.append(PlacedAudio(chunk.levels(), len(token_ids)))
                 token_ids.extend([audio.token_id] * chunk.length)
             else:
                 if vision is None:

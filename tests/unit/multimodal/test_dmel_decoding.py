@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dmel_bytes import tensor_container, varint
+from dmel_bytes import DTYPES, tensor_container, varint
 from tinker.types import DmelChunk
 
 from tx.multimodal.audio import AudioLimits, AudioSpec, check_audio_caps, decode_dmel
@@ -17,14 +17,15 @@ def test_levels_decode_in_every_integer_dtype_and_length_is_the_sdks(dtype_byte:
     levels = np.random.default_rng(0).integers(0, 200, size=(300, 80))  # 300 takes a two-byte varint
     data = tensor_container(levels, dtype_byte)
     chunk = decode_dmel(data)
-    np.testing.assert_array_equal(chunk.levels, levels)
+    np.testing.assert_array_equal(chunk.levels(), levels)
+    assert chunk.levels().dtype == np.dtype(DTYPES[dtype_byte])  # as sent: nothing widened
     assert chunk.length == DmelChunk(dmel=data).length == 300
     assert chunk.data == data
 
 
 def test_a_constant_tensor_broadcasts_its_one_value() -> None:
     chunk = decode_dmel(tensor_container(np.full((5, 8), 3), constant=True))
-    np.testing.assert_array_equal(chunk.levels, np.full((5, 8), 3))
+    np.testing.assert_array_equal(chunk.levels(), np.full((5, 8), 3))
 
 
 @pytest.mark.parametrize(("data", "words"), [
@@ -159,5 +160,57 @@ def test_a_shape_past_the_clip_bound_is_refused_before_anything_is_allocated() -
     huge = b"\xfe" + bytes([4]) + varint(2) + varint(10**12) + varint(80) + b"\x01"
     with pytest.raises(UserError, match="holds 80000000000000 values; a clip holds at most 16777216"):
         decode_dmel(huge)
-    assert decode_dmel(b"\xfe" + bytes([4]) + varint(2) + varint(30_000) + varint(80) + b"\x01").levels.shape == (
+    assert decode_dmel(b"\xfe" + bytes([4]) + varint(2) + varint(30_000) + varint(80) + b"\x01").levels().shape == (
         30_000, 80)  # a long clip of the default frame cap still decodes
+
+
+def test_a_requests_caps_are_read_off_every_clips_header_before_any_clips_values(monkeypatch) -> None:
+    """Issue 40: a forward_backward body's plain clips were widened to int64 as it decoded (8x their uint8 bytes:
+    ~1.6 GiB for a 200 MiB body) before the caps were looked at, and datum 0's levels were read before datum 2's
+    caps. Now decoding reads each clip's header only, and the quota and every datum's caps refuse the request
+    (naming their flags) without one clip's values read."""
+    import tracemalloc
+
+    from tinker import types as sdk
+    from tinker.proto.request_conv import forward_backward_request_to_proto
+
+    from tx.api.wire.codec import decode_forward_backward_request
+    from tx.backends.datums import DatumRules, check_batch
+    from tx.core.quotas import QuotaExceededError
+    from tx.core.training import check_audio_frames
+    from tx.types import AudioChunk, BaseModelInfo
+
+    rng = np.random.default_rng(0)
+    good = rng.integers(0, 16, size=(1 << 17, 8)).astype(np.uint8)  # 1 MiB of uint8 levels a clip
+    bad = good.copy()
+    bad[5, 3] = 200  # past the model's 16 levels: reported only if datum 0's values are read first
+
+    def datum(*clips: np.ndarray) -> sdk.Datum:
+        chunks = [sdk.EncodedTextChunk(tokens=[10]), *(sdk.DmelChunk(dmel=tensor_container(c)) for c in clips)]
+        return sdk.Datum(model_input=sdk.ModelInput(chunks=chunks), loss_fn_inputs={"target_tokens": [0]})
+
+    request = sdk.ForwardBackwardRequest(forward_backward_input=sdk.ForwardBackwardInput(
+        data=[datum(bad), datum(good), datum(good, good, good)], loss_fn="cross_entropy"), model_id="m", seq_id=1)
+    body = forward_backward_request_to_proto(request).SerializeToString()
+
+    reads = []
+    plain_levels = AudioChunk.levels
+    monkeypatch.setattr(AudioChunk, "levels", lambda chunk: reads.append(chunk) or plain_levels(chunk))
+    tracemalloc.start()
+    try:
+        _, _, batch = decode_forward_backward_request(body, None, zstd_enabled=False)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * len(body), (peak, len(body))  # the clips' bytes once; widened they took 8x (40 MiB)
+
+    with pytest.raises(QuotaExceededError, match="--quota-audio-frames-per-request"):
+        check_audio_frames(batch, (3 << 17) - 1)  # datum 2 holds 3 x 2^17 frames
+    rules = DatumRules(BaseModelInfo("m", "inkling", "m", 2048, 1 << 20), audio=AudioSpec(2046, 8, 16),
+                       audio_limits=AudioLimits(max_frames=1 << 20, max_bytes=5 << 19))  # 2.5 MiB a datum
+    with pytest.raises(UserError, match=r"datum 2: \d+ bytes of dmel data are over .*--audio-max-bytes"):
+        check_batch(batch, rules)
+    assert reads == []  # no clip's values were read
+    with pytest.raises(UserError, match="datum 0: chunk 1: dmel clip holds level 200"):
+        check_batch(batch, DatumRules(rules.info, audio=rules.audio, audio_limits=AudioLimits(1 << 20, 4 << 20)))
+    assert reads  # under the caps, the values are read (as sent: uint8)

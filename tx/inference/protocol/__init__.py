@@ -84,11 +84,12 @@ class PromptAudio(_Wire):
     offset: int = Field(ge=0, description="index in prompt_token_ids of the clip's first placeholder token")
 
     def levels(self) -> np.ndarray:
-        """(frames, bins) int64; ValueError when the data is not frames x bins int32 values."""
+        """(frames, bins) int32 (widened only as the model's ids: `audio_inputs`); ValueError when the data is not
+        frames x bins int32 values."""
         raw = base64.b64decode(self.data, validate=True)
         if len(raw) != 4 * self.frames * self.bins:
             raise ValueError(f"audio data holds {len(raw)} bytes, not {self.frames} x {self.bins} int32 values")
-        return np.frombuffer(raw, dtype="<i4").astype(np.int64).reshape(self.frames, self.bins)
+        return np.frombuffer(raw, dtype="<i4").reshape(self.frames, self.bins)
 
     @classmethod
     def of(cls, levels: np.ndarray, offset: int) -> PromptAudio:
