@@ -250,6 +250,37 @@ def test_an_image_beside_a_clip_is_a_user_error_naming_the_image(trainer, sample
         assert "chunk 3" in message and "takes no images" in message, message
 
 
+@pytest.fixture(scope="module", params=["auto", "always"])
+def workers_trainer_server(request, served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """`served`'s tiny Inkling on a trainer of 2 worker processes (as the `workers_server` fixture runs them),
+    the base held whole on each (auto, for a tiny base) or sharded over both with FSDP2 (always)."""
+    args = ["--base-model", served[1], "--trainer-workers", "2", "--no-jwt-auth", "--no-engine-colocate",
+            "--trainer-shard-base", request.param]
+    with TxServer(tmp_path_factory.mktemp("audio-workers"), args=args, env={"OMP_NUM_THREADS": "1"}) as server:
+        yield server
+
+
+def test_trainer_workers_train_on_audio_as_the_in_process_trainer_does(served, client, workers_trainer_server) -> None:
+    """Issue 40: clips cross the workers' message format (their TensorContainer bytes, no pickle) and the workers'
+    steps and logprobs are the in-process trainer's."""
+    data = [next_token_datum(audio_input(clip(seed, 4 + seed), before=(10 + seed,))) for seed in range(3)]
+    data.append(next_token_datum(types.ModelInput.from_ints([20, 21, 22])))
+    with workers_trainer_server.client() as workers_client:
+        results = []
+        for service in (client, workers_client):
+            trainer = service.create_lora_training_client(served[1], rank=8, seed=5).result()
+            losses = []
+            for _ in range(2):
+                losses.append(trainer.forward_backward(data, "cross_entropy").result().metrics["loss:sum"])
+                trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            results.append((losses, logprobs(trainer.forward(data, "cross_entropy").result())))
+    (losses, in_process), (worker_losses, on_workers) = results
+    np.testing.assert_allclose(worker_losses, losses, rtol=1e-4)
+    assert losses[1] < losses[0]
+    for mine, theirs in zip(in_process, on_workers, strict=True):
+        np.testing.assert_allclose(theirs, mine, atol=1e-4)
+
+
 LABELS = (100, 101, 102)  # one token per class
 STEPS, LEARNING_RATE = 30, 5e-3
 PATTERNS = np.array([[12, 12, 12, 12, 1, 1, 1, 1], [1, 1, 1, 1, 12, 12, 12, 12], [12, 1, 12, 1, 12, 1, 12, 1]])
