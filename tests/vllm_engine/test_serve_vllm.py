@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tinker
 from abandon import assert_cancelled, engine_health, hang_up_while_running
-from live_engine import vllm_missing
 from rl_toy import assert_reward_rose, run_rl_toy
 from sampling_options import assert_options_match_the_trainer
 from tinker import types
@@ -25,12 +24,9 @@ LOGPROB_ATOL = 1e-3
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    reason = vllm_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    with TxServer(tmp_path_factory.mktemp("tx-vllm"), args=["--engine", "vllm"]) as srv:
-        yield srv
+def server(vllm_server: TxServer) -> TxServer:
+    """The session's `tx serve --engine vllm` (tests/vllm_engine/conftest.py), shared with test_vllm_selfcheck.py."""
+    return vllm_server
 
 
 @pytest.fixture(scope="module")

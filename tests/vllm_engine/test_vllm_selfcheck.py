@@ -29,8 +29,11 @@ def serve(tmp_path_factory: pytest.TempPathFactory, name: str, env: dict[str, st
 
 
 @pytest.fixture
-def agreeing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TxServer]:
-    yield from serve(tmp_path_factory, "tx-vllm-check", {})
+def agreeing(vllm_server: TxServer) -> TxServer:
+    """The session's `tx serve --engine vllm` (tests/vllm_engine/conftest.py): in a run of the directory,
+    test_serve_vllm.py's, which has sampled its base model many times by then (and had its engine killed and
+    restarted): the check still ran once."""
+    return vllm_server
 
 
 @pytest.fixture
