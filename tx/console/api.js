@@ -29,12 +29,25 @@ export function readable(detail) {
   return typeof detail === "string" ? detail : JSON.stringify(detail);
 }
 
+// The answer early.js already asked for, for the page's first GET of `path` with `key` (once; else null).
+function early(path, key) {
+  const asked = window.txEarly;
+  if (!asked || asked.key !== key || !(path in asked.responses)) return null;
+  const response = asked.responses[path];
+  delete asked.responses[path];
+  return response;
+}
+
+// What early.js asked for and the first page did not take: never handed to a later page (it would be stale).
+export function dropEarly() { window.txEarly = null; }
+
 export async function api(path, { method = "GET", body } = {}) {
   const headers = { "X-API-Key": apiKey() || "" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let response;
   try {
-    response = await fetch(`/api/v1${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    response = await ((method === "GET" && early(path, headers["X-API-Key"])) ||
+      fetch(`/api/v1${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) }));
   } catch (error) {
     set(connection.downSince || new Date(), connection.refused);
     throw new ApiError(0, `the server cannot be reached (${error.message || error})`);

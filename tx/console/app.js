@@ -9,7 +9,7 @@
 // While the trainer loads a base model into memory, a line under the header says which and how far
 // (`/api/v1/healthz`'s `loading`, asked every LOADING_EVERY_MS).
 
-import { api, apiKey, setKey, ApiError, connection } from "./api.js";
+import { api, apiKey, setKey, ApiError, connection, dropEarly } from "./api.js";
 import { h, clear, ownerName } from "./dom.js";
 import * as runs from "./runs.js";
 import * as checkpoints from "./checkpoints.js";
@@ -117,6 +117,8 @@ async function route() {
         retryMs = Math.min(retryMs * 2, RETRY_MAX_MS);
       }
       ready(page);
+    } finally {
+      dropEarly();  // early.js's answers are for the first page only
     }
     return;
   }
