@@ -14,18 +14,6 @@ const HEIGHT = 220, DOTS_UNDER = 120;
 // Okabe & Ito's palette: told apart with every common kind of colour blindness.
 export const COLORS = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7A4F9A", "#4D4D4D"];
 
-export function smooth(points, weight) {
-  if (!(weight > 0)) return points;
-  const out = [];
-  let last = 0, n = 0;
-  for (const [x, y] of points) {
-    last = last * weight + (1 - weight) * y;
-    n += 1;
-    out.push([x, last / (1 - Math.pow(weight, n))]);
-  }
-  return out;
-}
-
 export function linearTicks(lo, hi, count = 5) {
   if (!Number.isFinite(lo) || !Number.isFinite(hi)) return { lo, hi, ticks: [] };
   if (!(hi > lo)) { const pad = Math.abs(lo) * 0.1 || 1; lo -= pad; hi += pad; }
@@ -77,24 +65,47 @@ function ascending(points) {
   return true;
 }
 
+// The points whose x and y are finite: the same array when all are (the usual case; no copy).
+function finite(points) {
+  for (const [x, y] of points) {
+    if (!Number.isFinite(x) || !Number.isFinite(y)) return points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+  }
+  return points;
+}
+
 // {xs, columns: [[y | null]], series: [{label, color, raw}], counts, min, max} from the series' own points
-// (x ascending), on one x axis: the union of their xs. A lone series in x order (most charts) is its own axis:
-// no union to sort (10,000 points: ~4 ms a chart instead of ~15).
+// (x ascending), on one x axis: the union of their xs. Each series' raw column and its EMA (debiased:
+// ema_n / (1 - weight^n)). A lone series in x order (most charts) is its own axis: no union to sort. Plain loops,
+// no [x, y] pairs made: the run page's first draw runs this before the JIT has warmed (20,000 calls: ~80 ms of
+// its 7 charts, map/forEach and a Set of xs a chart; ~20 ms now).
 function align(series, smoothing) {
-  const shown = series.map((s) => ({ ...s, points: s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)) }));
+  const shown = series.map((s) => ({ ...s, points: finite(s.points) }));
   const own = shown.length === 1 && ascending(shown[0].points);
-  const xs = own ? shown[0].points.map((p) => p[0]) : [...new Set(shown.flatMap((s) => s.points.map((p) => p[0])))].sort((a, b) => a - b);
-  const at = new Map(own ? [] : xs.map((x, i) => [x, i]));
-  const index = own ? (x, i) => i : (x) => at.get(x);
+  let xs, at = null;
+  if (own) {
+    const points = shown[0].points;
+    xs = new Array(points.length);
+    for (let i = 0; i < points.length; i++) xs[i] = points[i][0];
+  } else {
+    xs = [...new Set(shown.flatMap((s) => s.points.map((p) => p[0])))].sort((a, b) => a - b);
+    at = new Map(xs.map((x, i) => [x, i]));
+  }
   const columns = [], out = [], counts = [];
   let min = Infinity, max = -Infinity;
   for (const s of shown) {
-    const raw = new Array(xs.length).fill(null), smoothed = new Array(xs.length).fill(null);
-    s.points.forEach(([x, y], i) => { raw[index(x, i)] = y; if (y < min) min = y; if (y > max) max = y; });
-    smooth(s.points, smoothing).forEach(([x, y], i) => { smoothed[index(x, i)] = y; });
+    const points = s.points, raw = new Array(xs.length).fill(null), smoothed = new Array(xs.length).fill(null);
+    let ema = 0;
+    for (let i = 0; i < points.length; i++) {
+      const y = points[i][1], k = at ? at.get(points[i][0]) : i;
+      raw[k] = y;
+      if (y < min) min = y;
+      if (y > max) max = y;
+      ema = ema * smoothing + (1 - smoothing) * y;
+      smoothed[k] = smoothing > 0 ? ema / (1 - Math.pow(smoothing, i + 1)) : y;
+    }
     columns.push(raw, smoothed);
     out.push({ label: `${s.name} raw`, color: s.color, raw: true }, { label: s.name, color: s.color, raw: false });
-    counts.push(s.points.length, s.points.length);
+    counts.push(points.length, points.length);
   }
   return { xs, columns, series: out, counts, min, max, total: shown.reduce((n, s) => n + s.points.length, 0) };
 }
