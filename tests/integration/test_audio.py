@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TxServer,
 
     root = tmp_path_factory.mktemp("audio")
     inkling = write_tiny_model(root / "inkling", preset="inkling", seed=0)
+    # Image processor settings, as a real Inkling checkpoint ships them: its processor is torchvision-only in
+    # transformers, so here the model must serve text and audio and refuse images, not fail to load.
+    (inkling / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "InklingImageProcessor"}))
     text = write_tiny_model(root / "text", preset="tiny", seed=0)
     args = ["--base-model", str(inkling), "--base-model", str(text), "--no-engine-colocate",
             "--audio-max-frames", str(MAX_FRAMES), "--audio-max-bytes", str(MAX_BYTES),
@@ -238,16 +242,17 @@ def png() -> bytes:
     return buffer.getvalue()
 
 
-def test_an_image_beside_a_clip_is_a_user_error_naming_the_image(trainer, sampler) -> None:
-    """Text, a clip and an image in one prompt: a 400 naming the image chunk, in training and sampling. The tiny
-    Inkling takes no images: transformers' Inkling image processor is torchvision-only, and torchvision cannot be
-    imported beside CPU torch here (docs/model-families.md#where-lora-lands)."""
+def test_an_image_beside_a_clip_is_a_user_error_naming_why(trainer, sampler) -> None:
+    """Text, a clip and an image in one prompt: a 400 saying why the model takes no images here, in training and
+    sampling. The tiny Inkling ships image processor settings, but transformers' Inkling image processor is
+    torchvision-only (torchvision cannot be imported beside CPU torch here) and is not one tx can place images
+    by (docs/model-families.md#where-lora-lands); the model still serves text and audio (the tests above)."""
     mixed = types.ModelInput(chunks=[*audio_input(clip(0, 4)).chunks,
                                      types.ImageChunk(data=png(), format="png", expected_tokens=4)])
     for future in (trainer.forward([datum(mixed)], "cross_entropy"),
                    sampler.sample(mixed, 1, types.SamplingParams(max_tokens=2))):
         message = user_failure(future)
-        assert "chunk 3" in message and "takes no images" in message, message
+        assert "takes no images on this server" in message and "InklingImageProcessor" in message, message
 
 
 @pytest.fixture(scope="module", params=["auto", "always"])

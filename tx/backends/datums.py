@@ -30,7 +30,7 @@ import numpy as np
 from tx.backends.losses import TARGET_KEY, LossFn, batch_loss
 from tx.multimodal.audio import AudioLimits, AudioSpec, audio_spec, check_audio_caps
 from tx.multimodal.images import ImageLimits, check_image_size
-from tx.multimodal.prompt import vision_processor
+from tx.multimodal.prompt import images_refused, vision_processor
 from tx.types import (
     AudioChunk,
     BaseModelInfo,
@@ -58,6 +58,8 @@ class DatumRules:
     audio: AudioSpec | None = None
     """What audio the model takes (`tx.multimodal.audio`); None: dmel chunks are refused."""
     audio_limits: AudioLimits = field(default_factory=AudioLimits)
+    images_refused: str | None = None
+    """Why a vision-language model takes no images on this server (`tx.multimodal.images_refused`)."""
 
     @classmethod
     def of_model_dir(
@@ -67,7 +69,7 @@ class DatumRules:
         """The rules of the HF model in `model_dir`: it takes images if it has an image processor, audio if its
         config and class say so (`AudioSpec.load`)."""
         return cls(info, max_tokens, vision_processor(model_dir) is not None, image_limits,
-                   audio_spec(model_dir), audio_limits or AudioLimits())
+                   audio_spec(model_dir), audio_limits or AudioLimits(), images_refused(model_dir))
 
 
 def check_batch(batch: ForwardBackwardInput, rules: DatumRules) -> None:
@@ -168,7 +170,7 @@ def text_tokens(model_input: ModelInput, index: int) -> np.ndarray:
 def _declared(model_input: ModelInput, rules: DatumRules, index: int) -> tuple[np.ndarray, int, bool]:
     """The datum's text token ids, the image and audio tokens its chunks declare, and whether every image
     declares (a clip always does: its frames)."""
-    if not rules.takes_images and rules.audio is None:
+    if not rules.takes_images and rules.audio is None and rules.images_refused is None:
         return text_tokens(model_input, index), 0, True
     for number, chunk in enumerate(model_input.chunks):
         if isinstance(chunk, ImageChunk):
@@ -188,6 +190,8 @@ def _check_takes(chunk: Chunk, rules: DatumRules, index: int, number: int) -> No
             if rules.audio is None:
                 raise UserError(f"{rules.info.name} takes no audio: the input holds a dmel chunk")
             rules.audio.check(chunk)
+        elif not isinstance(chunk, TextChunk) and rules.images_refused:
+            raise UserError(f"{rules.info.name} takes no images on this server: {rules.images_refused}")
         elif not isinstance(chunk, TextChunk) and not rules.takes_images:
             raise UserError(f"{rules.info.name} takes no images: the input holds an image chunk")
     except UserError as exc:

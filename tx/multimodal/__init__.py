@@ -20,6 +20,7 @@ from tx.multimodal.prompt import (
     VisionProcessor,
     expand_chunks,
     expand_input,
+    images_refused,
     vision_processor,
 )
 
@@ -41,5 +42,6 @@ __all__ = [
     "expand_chunks",
     "expand_input",
     "fetch_asset",
+    "images_refused",
     "vision_processor",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
+PROCESSOR_FILE = "processor_config.json"
+logger = logging.getLogger(__name__)
 
 
 class VisionProcessor:
@@ -52,17 +55,38 @@ class VisionProcessor:
 
     @classmethod
     def load(cls, model_dir: Path) -> VisionProcessor | None:
-        """The processor of the model in `model_dir`, or None for a text-only model."""
+        """The processor of the model in `model_dir`, or None for a text-only model; ImagesUnavailable when the
+        model reads images but its processor cannot load here or fails `check`."""
         model_dir = Path(model_dir)
         config = json.loads((model_dir / "config.json").read_text())
-        if "vision_config" not in config or not (model_dir / PREPROCESSOR_FILE).is_file():
+        if "vision_config" not in config or not has_image_processor(model_dir):
             return None
         from transformers import AutoImageProcessor
 
         image_token_id = config.get("image_token_id")
         if image_token_id is None:
             raise ValueError(f"{model_dir}/config.json has a vision_config but no image_token_id")
-        return cls(AutoImageProcessor.from_pretrained(str(model_dir)), int(image_token_id))
+        try:
+            image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
+        except (ImportError, OSError, ValueError) as exc:  # e.g. a processor that exists only for torchvision
+            raise ImagesUnavailable(f"its image processor does not load here: {_first_line(exc)}") from None
+        processor = cls(image_processor, int(image_token_id))
+        processor.check()
+        return processor
+
+    def check(self) -> None:
+        """ImagesUnavailable unless this processor gives what tx places images by: a token count per image
+        (`get_number_of_image_patches`) that its pixel inputs' `image_grid_thw` agrees with, on a probe image
+        (the Qwen-VL processors' interface; another family's would be placed wrong)."""
+        from PIL import Image as PILImage
+
+        probe = PILImage.new("RGB", (64, 48), (128, 64, 32))
+        name = type(self.image_processor).__name__
+        try:
+            self.pixel_inputs([probe], [self.count_tokens(probe)])
+        except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise ImagesUnavailable(f"tx cannot place {name}'s images (its check at load failed: "
+                                    f"{_first_line(exc)})") from None
 
     def count_tokens(self, image: Image) -> int:
         """How many placeholder tokens the model spends on `image`."""
@@ -150,10 +174,41 @@ def _check_text(
         audio.check_text(tokens)
 
 
+class ImagesUnavailable(Exception):
+    """A vision-language model whose images this server cannot take: it serves text (and audio) only."""
+
+
+def has_image_processor(model_dir: Path) -> bool:
+    """Whether `model_dir` holds image processor settings: `preprocessor_config.json`, or transformers 5's
+    `processor_config.json` with an `image_processor` entry."""
+    if (model_dir / PREPROCESSOR_FILE).is_file():
+        return True
+    processor_file = model_dir / PROCESSOR_FILE
+    return processor_file.is_file() and "image_processor" in json.loads(processor_file.read_text())
+
+
 @functools.lru_cache(maxsize=32)
+def _vision(model_dir: Path) -> tuple[VisionProcessor | None, str | None]:
+    try:
+        return VisionProcessor.load(model_dir), None
+    except ImagesUnavailable as exc:
+        logger.warning("%s reads images, but this server refuses them: %s", model_dir.name, exc)
+        return None, str(exc)
+
+
 def vision_processor(model_dir: Path) -> VisionProcessor | None:
-    """`VisionProcessor.load`, once per model directory."""
-    return VisionProcessor.load(Path(model_dir))
+    """`VisionProcessor.load`, once per model directory; None also where images are refused (`images_refused`)."""
+    return _vision(Path(model_dir))[0]
+
+
+def images_refused(model_dir: Path) -> str | None:
+    """Why the vision-language model in `model_dir` takes no images on this server (None: it takes them, or it
+    is not one): its image processor does not load here, or fails tx's check at load."""
+    return _vision(Path(model_dir))[1]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def expand_input(
@@ -161,6 +216,8 @@ def expand_input(
 ) -> ExpandedInput:
     """`model_input` as token ids (with image placeholders) for the model in `model_dir`."""
     processor, audio = vision_processor(Path(model_dir)), audio_spec(Path(model_dir))
+    if processor is None and model_input.has_images and (reason := images_refused(Path(model_dir))):
+        raise UserError(f"model {model_name or str(model_dir)!r} takes no images on this server: {reason}")
     if processor is None and audio is None and model_input.has_images:
         name = model_name or str(model_dir)
         raise UserError(f"model {name!r} takes text only: the input holds image chunks")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 from image_helpers import encode
 
-from tx.multimodal import ImageLimits, decode_image, expand_input, vision_processor
+from tx.multimodal import ImageLimits, decode_image, expand_input, images_refused, vision_processor
 from tx.types import ImageAssetPointer, ImageChunk, ModelInput, TextChunk, UserError
 
 IMAGE_TOKEN = 2005
@@ -95,3 +98,42 @@ def test_placeholders_in_image_free_text_are_text(vlm_dir) -> None:
     expanded = expand_input(vlm_dir, ModelInput(chunks))
     assert expanded.token_ids == [1, IMAGE_TOKEN, IMAGE_TOKEN, 7] and expanded.images == ()
     assert expanded.image_mask() == [0, 0, 0, 0]
+
+
+def vlm_copy(vlm_dir: Path, into: Path) -> Path:
+    """The tiny VLM's files in `into` (a directory of its own: processors are cached per directory)."""
+    shutil.copytree(vlm_dir, into)
+    return into
+
+
+def test_processor_settings_in_transformers_5s_processor_config_are_read(vlm_dir, tmp_path) -> None:
+    """transformers 5 saves a processor's settings in processor_config.json, under "image_processor"; a model saved
+    that way took images as text-only (only preprocessor_config.json was looked for)."""
+    model_dir = vlm_copy(vlm_dir, tmp_path / "saved-by-5")
+    settings = json.loads((model_dir / "preprocessor_config.json").read_text())
+    (model_dir / "preprocessor_config.json").unlink()
+    (model_dir / "processor_config.json").write_text(json.dumps({"image_processor": settings}))
+    expanded = expand_input(model_dir, ModelInput((ImageChunk(encode((5, 5, 5)), "png", 70),)))
+    assert expanded.token_ids == [IMAGE_TOKEN] * 70
+
+
+@pytest.mark.parametrize("settings, reason", [
+    # transformers' Inkling processor exists only for torchvision (not importable beside CPU torch here); where
+    # torchvision is installed it loads and fails the check below instead
+    ({"image_processor_type": "InklingImageProcessor"}, "InklingImageProcessor"),
+    # loads, but gives neither a token count per image nor image_grid_thw, which tx places images by
+    ({"image_processor_type": "SiglipImageProcessor"}, "tx cannot place SiglipImageProcessor"),
+])
+def test_a_processor_tx_cannot_use_leaves_the_model_text_only_with_the_reason(
+    vlm_dir, tmp_path, settings: dict[str, str], reason: str,
+) -> None:
+    """Decided at load, by loading the processor and checking its output on a probe image: such a model used to
+    fail to load at all (the processor's ImportError/ValueError), text and audio included."""
+    model_dir = vlm_copy(vlm_dir, tmp_path / "other-processor")
+    (model_dir / "preprocessor_config.json").write_text(json.dumps(settings))
+    assert vision_processor(model_dir) is None
+    assert reason in (images_refused(model_dir) or "")
+    with pytest.raises(UserError, match=f"takes no images on this server: .*{reason}"):
+        expand_input(model_dir, ModelInput((TextChunk((1,)), ImageChunk(encode((5, 5, 5)), "png"))))
+    assert expand_input(model_dir, ModelInput.from_tokens([3, 4])).token_ids == [3, 4]
+    assert images_refused(vlm_dir) is None
