@@ -6,7 +6,9 @@ tiny Aria (`aria_engine`, test_vllm_images.py). A vLLM start on CPU is ~30 s of 
 importing vLLM after another. When the Aria engine is wanted in this run, it starts (in a thread) as soon as the
 first test of this directory begins: test_serve_vllm.py, which runs first, mostly waits on its one engine and
 leaves a core idle. The Qwen3 engine's setup waits for the Aria one too: no test of test_vllm_engine.py runs
-while the other engine is still starting.
+while the other engine is still starting. Likewise test_vllm_engine_death.py's engine (`dying_engine`, its own:
+the test kills its engine core) starts in a thread beside the Qwen3 one, when both are wanted, rather than after
+test_vllm_engine.py (it was ~60-80 s of setup in CI, with a core idle).
 
 One `tx serve --engine vllm` on the tiny Qwen3 with tx's default settings (`vllm_server`) serves
 test_serve_vllm.py and the agreeing check of test_vllm_selfcheck.py: one tx server and one vLLM start for both
@@ -58,8 +60,9 @@ class Starting:
 
     def close(self) -> None:
         self._thread.join()
-        if self._engine is not None:
-            self._engine.close()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
 
 
 def _wanted(request: pytest.FixtureRequest, fixture: str) -> bool:
@@ -102,10 +105,33 @@ def vllm_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     if reason is not None:
         pytest.skip(reason)
     aria = request.getfixturevalue("aria_start") if _wanted(request, "aria_engine") else None
+    if _wanted(request, "dying_engine"):
+        request.getfixturevalue("dying_start")  # starts beside this one (see above)
     with VllmEngine(tiny_model_dir, tmp_path_factory.mktemp("vllm-engine")) as engine:
         if aria is not None:
             aria.wait()
         yield engine
+
+
+@pytest.fixture(scope="session")
+def dying_start(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Starting]:
+    """test_vllm_engine_death.py's engine on the tiny Qwen3, without LoRA, started in a thread (see above); its
+    client waits 120 s (4 times the test's ANSWERED_S)."""
+    reason = vllm_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    work_dir = tmp_path_factory.mktemp("vllm-dying")
+    starting = Starting(tiny_model_dir, lambda: VllmEngine(tiny_model_dir, work_dir, timeout_s=120,
+                                                           enable_lora=False))
+    yield starting
+    starting.close()
+
+
+@pytest.fixture
+def dying_engine(dying_start: Starting) -> Iterator[VllmEngine]:
+    """The engine of the one test that kills it: closed after that test."""
+    yield dying_start.wait()
+    dying_start.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from live_engine import VllmEngine, vllm_missing
+from live_engine import VllmEngine
 
 pytestmark = pytest.mark.vllm
 
@@ -27,12 +25,10 @@ ANSWERED_S = 30.0
 
 
 @pytest.fixture
-def engine(tiny_model_dir: Path, tmp_path: Path) -> Iterator[VllmEngine]:
-    reason = vllm_missing()
-    if reason is not None:
-        pytest.skip(reason)
-    with VllmEngine(tiny_model_dir, tmp_path, timeout_s=ANSWERED_S * 4, enable_lora=False) as engine:
-        yield engine
+def engine(dying_engine: VllmEngine) -> VllmEngine:
+    """This test's own engine (tests/vllm_engine/conftest.py starts it beside test_vllm_engine.py's when both
+    run): no LoRA, its client waiting ANSWERED_S * 4."""
+    return dying_engine
 
 
 def engine_core(engine_pid: int) -> psutil.Process:
