@@ -55,3 +55,10 @@ def assert_options_match_the_trainer(tc: tinker.TrainingClient, sampler: tinker.
     assert alt_tokens.shape == alt_logprobs.shape == (rows, 3)
     assert (alt_tokens == alt_tokens[:, :1]).all()  # temperature 0: every draw is the argmax
     np.testing.assert_allclose(alt_logprobs, trainer_logprobs(tc, prompt, alt_tokens), atol=BOUND)
+
+
+def sampled_in_full(seq: types.SampledSequence, max_tokens: int) -> bool:
+    """A sequence drawn at temperature > 0 ran to `max_tokens`, or ended earlier on a stop token (the tokenizer's
+    end token may be drawn, even by an untrained model)."""
+    return (seq.stop_reason, len(seq.tokens)) == ("length", max_tokens) or (
+        seq.stop_reason == "stop" and 0 < len(seq.tokens) <= max_tokens)
