@@ -14,7 +14,8 @@ core hands over from the backend, on the training thread), by the largest differ
 
 Where either differs beyond the bound (or the engine's answer fails), every sample of that base model is
 refused with a 400 naming the check. Every trainer computes the reference (in process, over worker processes,
-JAX); one that could not (`base_logprobs` None) would leave the model unchecked, with a warning. The log says what each check measured and what was decided.
+JAX); one that could not (`base_logprobs` None) would leave the model unchecked, with a warning. The log says
+what each check measured and what was decided.
 """
 
 from __future__ import annotations
