@@ -98,6 +98,20 @@ def assert_trained(run: RecipeRun, steps: int) -> list[float]:
     return nll
 
 
+def test_every_id_the_tiny_model_samples_decodes(fixture: CookbookFixture) -> None:
+    """The cookbook decodes every sampled token (rl.train prints each group); a random model samples its whole
+    vocabulary, so the tiny Inkling has exactly the ids the cookbook's tokenizer decodes (CI once drew padding id
+    200,101 of the real config's 201,024, and asr rl_train died in the tokenizer)."""
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    config = json.loads((fixture.add_model(MODEL, PRESET) / "config.json").read_text())
+    vocab = config["text_config"]["vocab_size"]
+    tokenizer = get_tokenizer(MODEL)
+    tokenizer.decode(list(range(vocab - 64, vocab)))  # the specials at the top decode
+    with pytest.raises(ValueError):
+        tokenizer.decode([vocab])  # and the next id is past the tokenizer's
+
+
 def test_asr_sl_train(fixture: CookbookFixture, server: TxServer) -> None:
     write_librispeech_standin(fixture.dataset_dir(LIBRISPEECH_ID), n_train=4, n_validation=2)
     run = recipe("tinker_cookbook.recipes.audio.asr.sl_train", {

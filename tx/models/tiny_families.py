@@ -34,8 +34,8 @@ layers, and adds what makes the family itself:
   is written without an image processor config, so tx takes text and audio for it, not images: transformers'
   Inkling image processor is torchvision-only, and torchvision cannot be imported beside CPU torch here
   (docs/model-families.md#where-lora-lands).
-- inkling_o200k: the same tiny Inkling at the real model's interface (vocabulary 201,024, its special ids, 80 mel
-  bins of 256 levels), for clients that render with the real tokenizer (the cookbook's audio recipes).
+- inkling_o200k: the same tiny Inkling at the real model's interface (the tokenizer's 200,058 ids, its special
+  ids, 80 mel bins of 256 levels), for clients that render with the real tokenizer (the cookbook's audio recipes).
 - inkling2: Inkling 2 (transformers >= 5.23), multimodal, text only (no audio tower; its image processor is
   torchvision-only, as Inkling's): sliding-window, full and sliding-window layers (sinks, gates, a relative
   position bias, short convolutions, dynamic ones on the full layer's keys and values), each with 4 routed experts
@@ -229,17 +229,20 @@ def inkling(ids: dict[str, int]) -> PretrainedConfig:
     )
 
 
-O200K_VOCAB = 201024
-"""Inkling's real vocabulary: the o200k_base ids and the chat specials above 200,000 that the cookbook's renderer
-(tml-renderers' TMLv0) sends, padded as the real config pads them."""
+O200K_IDS = 200058
+"""The ids of Inkling's tokenizer: o200k_base's and the chat specials above 200,000 that the cookbook's renderer
+(tml-renderers' TMLv0) sends, the last 200,057. The real config pads its vocabulary to 201,024; a tiny random model
+puts the mass a trained one keeps off the 966 padding ids on them too (~0.5% of sampled tokens), and the cookbook
+decodes every sampled token (its RL loop prints each group), which fails on a padding id. So the tiny model has the
+tokenizer's ids and no padding."""
 
 
 def inkling_o200k(ids: dict[str, int]) -> PretrainedConfig:
-    """The tiny Inkling at the real model's interface: its vocabulary (201,024), its special ids (transformers'
+    """The tiny Inkling at the real model's interface: its tokenizer's ids (`O200K_IDS`), its special ids (transformers'
     InklingConfig defaults: audio 200053 after 200020, image 200054 after 200005) and its audio shape (80 mel
     bins, 256 levels), so the cookbook's Inkling renderer can talk to it (docs/cookbook.md#audio-recipes)."""
     config = inkling(ids)
-    config.text_config.vocab_size = O200K_VOCAB
+    config.text_config.vocab_size = O200K_IDS
     defaults = type(config)()
     for key in ("image_token_id", "image_bos_token_id", "audio_token_id", "audio_bos_token_id"):
         setattr(config, key, getattr(defaults, key))

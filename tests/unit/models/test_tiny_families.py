@@ -129,7 +129,9 @@ def test_inkling_o200k_has_the_real_interface_the_cookbook_renders_for() -> None
 
     ids = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *ADDED_TOKENS])}
     config, real = TEXT_FAMILIES["inkling_o200k"](ids), InklingConfig()
-    assert config.text_config.vocab_size == real.text_config.vocab_size == 201024
+    # the tokenizer's ids (o200k_base and the chat specials, the last 200,057), without the real config's padding
+    # to 201,024 that a random model would sample and the cookbook could not decode
+    assert config.text_config.vocab_size == 200058 < real.text_config.vocab_size == 201024
     for key in ("image_token_id", "image_bos_token_id", "audio_token_id", "audio_bos_token_id"):
         assert getattr(config, key) == getattr(real, key), key
     assert (config.audio_config.n_mel_bins, config.audio_config.mel_vocab_size) == (80, 256)
