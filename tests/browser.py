@@ -106,6 +106,12 @@ class Page:
     def goto(self, url: str) -> None:
         self.send("Page.navigate", url=url)
 
+    def reload(self) -> None:
+        """Reload the page (F5) and return once the old document is gone; the new one may still be loading."""
+        self.evaluate("window.txOldDocument = true")
+        self.send("Page.reload")
+        self.wait_for("window.txOldDocument === undefined", what="the reloaded document")
+
     def wait_for(self, expression: str, timeout_s: float = 30.0, what: str = "") -> Any:
         """Until `expression` is truthy in the page; its value."""
         deadline = time.monotonic() + timeout_s
