@@ -18,10 +18,16 @@ logger = logging.getLogger(__name__)
 
 
 def bind(host: str, port: int) -> tuple[socket.socket, str]:
-    """A listening socket on `host:port` (port 0 picks a free one) and its URL."""
+    """A listening socket on `host:port` (port 0 picks a free one) and its URL.
+
+    Its connections send at once (TCP_NODELAY, which accepted sockets take from the listener). uvicorn writes an
+    answer's head and body apart; under Nagle's rule the body waited for the client's delayed ACK of the head,
+    ~40 ms on every engine answer. asyncio turns Nagle off only on sockets made with IPPROTO_TCP, as uvicorn's
+    own binding makes them, not on one made with protocol 0 (docs/engines.md#the-engine-process)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.listen(128)
     bound_host, bound_port = sock.getsockname()[:2]
