@@ -5,7 +5,8 @@
 #   train   the trainer's tokens/s, MFU and peak memory against plain PEFT (scripts/bench/train_throughput.py)
 #           at Qwen3-8B's shape (8 x 4,096 tokens) and Qwen3-0.6B's (128 x 2,048), LoRA rank 32, with the
 #           PyTorch profiler's table of the 8B step;
-#   sdk     the step through the SDK against plain torch at 8 x 128 on Qwen3-0.6B (scripts/bench/train_step.py);
+#   sdk     the step through the SDK against plain torch at 8 x 128 on Qwen3-0.6B (scripts/bench/train_step.py),
+#           and the same step in-process (train_throughput.py, with the profiler's table);
 #   engine  the colocated embedded engine at Qwen3-8B's shape: a rank-32 LoRA pushed over CUDA IPC (GB/s against
 #           a device copy), 64 rows x 256 tokens sampled with it against HF `generate` through PEFT
 #           (scripts/bench/engine_generate.py), sleep and wake at levels 1 and 2 (engine_sleep.py); and
@@ -71,6 +72,9 @@ if [[ $parts == *" train "* ]]; then
 fi
 if [[ $parts == *" sdk "* ]]; then
     bench train_step 90 train_step.py --model "$small" --device cuda --steps 10 --warmup 3
+    # the same step without the server: is the gap to plain PEFT the trainer's or the SDK path's?
+    bench step_in_process 60 train_throughput.py --model "$small" --batch 8 --seq-len 128 --rank 8 --steps 10 \
+      --warmup 3 --no-peft-checkpointing --profile "$out/profile_step"
 fi
 if [[ $parts == *" engine "* ]]; then
     bench engine_8b_lora 180 engine_generate.py --model "$large" --device cuda --lora-rank 32 --pushes 3 \

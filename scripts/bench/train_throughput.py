@@ -4,7 +4,8 @@ One step is a `forward_backward` (cross_entropy over every position) and an `opt
 rank --rank: tx's torch trainer called in-process (`TorchBackend`, its defaults for the device: bfloat16 base and
 float32 LoRA on a GPU, its own micro-batches, head and checkpointing), against the same step written with
 transformers and PEFT as a user would (the same LoRA targets, HF's own loss from `labels`, gradient
-checkpointing and --peft-micro-batch rows per backward, since full logits at real batch sizes do not fit). Each
+checkpointing and --peft-micro-batch rows per backward, since full logits at real batch sizes do not fit;
+--no-peft-checkpointing for small batches). Each
 runs in its own subprocess, so peak memory is its own (`torch.cuda.max_memory_allocated`, or peak RSS on CPU).
 
 MFU: model FLOPs over the step's time, against two peaks: the device's bf16 dense figure from its data sheet
@@ -106,7 +107,8 @@ def peft_steps(model_dir: Path, tokens: np.ndarray, args) -> tuple[list[float], 
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation="sdpa",
                                                  device_map=args.device)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.peft_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     targets = TARGETS + (["lm_head"] if args.train_unembed else [])
     model = peft.get_peft_model(model, peft.LoraConfig(r=args.rank, lora_alpha=32, target_modules=targets))
     model.enable_input_require_grads()
@@ -122,8 +124,8 @@ def peft_steps(model_dir: Path, tokens: np.ndarray, args) -> tuple[list[float], 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return timed_steps(step, args), {"dtype": str(dtype).removeprefix("torch."), "gradient_checkpointing": True,
-                                     "micro_batch_rows": rows}
+    return timed_steps(step, args), {"dtype": str(dtype).removeprefix("torch."),
+                                     "gradient_checkpointing": args.peft_checkpointing, "micro_batch_rows": rows}
 
 
 def timed_steps(step, args) -> list[float]:
@@ -178,7 +180,8 @@ def run_child(impl: str, model_dir: Path, args) -> dict:
                "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--rank", str(args.rank),
                "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--peft-micro-batch", str(args.peft_micro_batch or 0),
-               "--train-unembed" if args.train_unembed else "--no-train-unembed"]
+               "--train-unembed" if args.train_unembed else "--no-train-unembed",
+               "--peft-checkpointing" if args.peft_checkpointing else "--no-peft-checkpointing"]
     if args.profile and impl == "tx":
         command += ["--profile", str(args.profile)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -215,6 +218,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--impls", default="tx,peft")
     parser.add_argument("--peft-micro-batch", type=int, default=0, help="rows per PEFT backward (0: all)")
+    parser.add_argument("--peft-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                        help="gradient checkpointing in the PEFT step (what a real batch size needs)")
     parser.add_argument("--profile", type=Path, default=None, help="a directory for the profiler's table")
     parser.add_argument("--child", choices=("tx", "peft"), help=argparse.SUPPRESS)
     args = parser.parse_args()
