@@ -1,7 +1,8 @@
 """Benchmark: the embedded engine's decode step on SkyRL's SDK workload, driven directly (no HTTP, no scheduler
 thread): a tiny Qwen3 (`--preset`; `vocab-h256` has Qwen3's 151,936 ids, where the head is most of a step), one
 LoRA adapter of rank 8 on every attention and MLP linear layer, one request of 8 samples x 64 new tokens
-(temperature 1, seeded, EOS not stopping).
+(temperature 1, seeded, EOS not stopping). At real sizes: `--model DIR` (a Qwen3 at a real shape,
+scripts/bench/real_shapes.py), `--prompt-len N` (a long prompt: a wide KV cache) and `--max-tokens`.
 
 Each measurement runs in a child process (`--worker`) with the tree under test first on PYTHONPATH, so this
 tree and a baseline checkout (`--baseline-tree /work/main`) run side by side in one run, alternating round by
@@ -10,6 +11,7 @@ medians, whether both trees sampled the same tokens and how far their logprobs a
 and (`--profile`) a cProfile of the decode steps per tree, grouped by where the time goes.
 
     python scripts/bench/decode_step.py --rounds 5 --baseline-tree /work/main --profile
+    python scripts/bench/decode_step.py --model /tmp/qwen3-0.6b --prompt-len 1024 --baseline-tree DIR
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     weights = Weights(args.model_dir, max_adapters=4)
     tensors = torch.load(args.adapter_file)
     weights.load_adapter("a", LoraSpec(r=RANK, lora_alpha=32, target_modules=TARGETS), tensors)
-    request = GenerateRequest(prompt_token_ids=PROMPT, n=SAMPLES, max_tokens=MAX_TOKENS, temperature=1.0,
+    prompt = PROMPT if args.prompt_len is None else [20 + i % 2000 for i in range(args.prompt_len)]
+    request = GenerateRequest(prompt_token_ids=prompt, n=SAMPLES, max_tokens=args.max_tokens, temperature=1.0,
                               seed=1234, stop_at_eos=False, adapter="a")
 
     def one(profile: Any = None) -> tuple[float, list[float], list[Any]]:
@@ -77,14 +80,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         profile = cProfile.Profile()
         for _ in range(args.repeats):
             one(profile)
-        return {"profile": _grouped(profile, args.repeats * (MAX_TOKENS - 1))}
+        return {"profile": _grouped(profile, args.repeats * (args.max_tokens - 1))}
     walls, steps = [], []
     sequences: list[Any] = []
     for _ in range(args.repeats):
         wall, step, sequences = one()
         walls.append(wall)
         steps += step
-    tokens = SAMPLES * MAX_TOKENS
+    tokens = SAMPLES * args.max_tokens
     return {
         "tokens_per_s": round(tokens / statistics.median(walls), 1),
         "ms_per_decode_step": round(1000 * statistics.median(steps), 3),
@@ -124,20 +127,21 @@ def run_worker(tree: Path, args: argparse.Namespace, profile: bool) -> dict[str,
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--model-dir", str(args.model_dir),
                "--adapter-file", str(args.adapter_file), "--threads", str(args.threads),
-               "--repeats", str(args.repeats)] + (["--profile"] if profile else [])
+               "--repeats", str(args.repeats), "--max-tokens", str(args.max_tokens)] \
+        + (["--prompt-len", str(args.prompt_len)] if args.prompt_len else []) + (["--profile"] if profile else [])
     out = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if out.returncode:
         raise RuntimeError(f"worker for {tree} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def prepare(work: Path, preset: str) -> tuple[Path, Path]:
+def prepare(work: Path, preset: str, model_dir: Path | None) -> tuple[Path, Path]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from tx.models.tiny import write_tiny_text_model
 
-    model_dir = write_tiny_text_model(work / "model", preset=preset)
+    model_dir = model_dir or write_tiny_text_model(work / "model", preset=preset)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     generator, tensors = torch.Generator().manual_seed(0), {}
     for name, module in model.named_modules():
@@ -158,6 +162,9 @@ def main() -> None:
     parser.add_argument("--baseline-tree", type=Path, help="another checkout to run alternating with this one")
     parser.add_argument("--profile", action="store_true", help="also a cProfile of the decode steps per tree")
     parser.add_argument("--preset", default="tiny", help="the tiny Qwen3's preset (vocab-h256: Qwen3's 151,936 ids)")
+    parser.add_argument("--model", type=Path, help="a local Qwen3 model instead of a preset (real_shapes.py)")
+    parser.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default: SkyRL's 16)")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--adapter-file", type=Path, help=argparse.SUPPRESS)
@@ -168,7 +175,7 @@ def main() -> None:
     this = Path(__file__).resolve().parents[2]
     trees = {"this": this} | ({"baseline": args.baseline_tree.resolve()} if args.baseline_tree else {})
     with tempfile.TemporaryDirectory() as tmp:
-        args.model_dir, args.adapter_file = prepare(Path(tmp), args.preset)
+        args.model_dir, args.adapter_file = prepare(Path(tmp), args.preset, args.model)
         load_before = Path("/proc/loadavg").read_text().split()[:3]
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
         for r in range(args.rounds):
@@ -178,7 +185,9 @@ def main() -> None:
         profiles = {name: run_worker(tree, args, profile=True)["profile"] for name, tree in trees.items()} \
             if args.profile else {}
         load_after = Path("/proc/loadavg").read_text().split()[:3]
-    report: dict[str, Any] = {"workload": f"{SAMPLES} x {MAX_TOKENS} tokens, tiny Qwen3 ({args.preset}), "
+    model = args.model.name if args.model else f"tiny Qwen3 ({args.preset})"
+    prompt = f"{args.prompt_len}-token prompt" if args.prompt_len else f"{len(PROMPT)}-token prompt"
+    report: dict[str, Any] = {"workload": f"{SAMPLES} x {args.max_tokens} tokens, {prompt}, {model}, "
                                           f"LoRA rank {RANK}",
                               "threads": args.threads, "rounds": args.rounds, "repeats": args.repeats,
                               "loadavg_before": load_before, "loadavg_after": load_after}

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tx.inference.engines.embedded.kv_room import RoomyLayer, give_room
 from tx.inference.engines.embedded.lean_decode import Plan
 from tx.inference.engines.embedded.sorting import ids_at, sorted_descending
 from tx.inference.engines.embedded.vision import PromptVision, batch_vision, rope_positions, step_positions
@@ -340,6 +341,7 @@ class DecodeBatch:
                 **extra,
             )
         self.cache = out.past_key_values
+        give_room(self.cache)
         self.positions = positions[:, -1] + 1
         return out.logits.to("cpu")
 
@@ -392,7 +394,8 @@ class DecodeBatch:
         from transformers.cache_utils import DynamicLayer
 
         layers = getattr(self.cache, "layers", None)
-        return self.rope_deltas is None and bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        growing = (DynamicLayer, RoomyLayer)
+        return self.rope_deltas is None and bool(layers) and all(type(layer) in growing for layer in layers)
 
     def merge(self, other: DecodeBatch) -> None:
         """Append `other`'s rows (prefilled, both batches `joinable`) after this batch's: the narrower one is
