@@ -56,7 +56,6 @@ bench() {  # bench NAME SECONDS SCRIPT ARGS...: one bench, its JSON to $out/NAME
     fi
 }
 
-
 models=$(mktemp -d)
 small=$models/qwen3-0.6b large=$models/qwen3-8b
 if [[ $parts == *" train "* || $parts == *" sdk "* || $parts == *" engine "* || $parts == *" shared "* ]]; then
