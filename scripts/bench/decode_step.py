@@ -4,11 +4,11 @@ LoRA adapter of rank 8 on every attention and MLP linear layer, one request of 8
 (temperature 1, seeded, EOS not stopping). At real sizes: `--model DIR` (a Qwen3 at a real shape,
 scripts/bench/real_shapes.py), `--prompt-len N` (a long prompt: a wide KV cache) and `--max-tokens`.
 
-Each measurement runs in a child process (`--worker`) with the tree under test first on PYTHONPATH, so this
-tree and a baseline checkout (`--baseline-tree /work/main`) run side by side in one run, alternating round by
-round. Prints one JSON object: per tree and round tokens/s (prefill + decode) and ms per decode step, the
-medians, whether both trees sampled the same tokens and how far their logprobs are apart, the load average,
-and (`--profile`) a cProfile of the decode steps per tree, grouped by where the time goes.
+Each measurement runs in a child process (`--worker`) with the tree under test first on PYTHONPATH, so this tree
+and a baseline checkout (`--baseline-tree /work/main`) run side by side in one run, alternating round by round.
+Prints one JSON object: per tree and round tokens/s (prefill + decode), ms per decode step and the worker's peak
+RSS, the medians, whether both trees sampled the same tokens and how far their logprobs are apart, the load
+average, and (`--profile`) a cProfile of the decode steps per tree, grouped by where the time goes.
 
     python scripts/bench/decode_step.py --rounds 5 --baseline-tree /work/main --profile
     python scripts/bench/decode_step.py --model /tmp/qwen3-0.6b --prompt-len 1024 --baseline-tree DIR
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -91,6 +92,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "tokens_per_s": round(tokens / statistics.median(walls), 1),
         "ms_per_decode_step": round(1000 * statistics.median(steps), 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB on Linux
         "token_ids": [s.token_ids for s in sequences],
         "logprobs": [s.logprobs for s in sequences],
     }
@@ -198,6 +200,7 @@ def main() -> None:
             "ms_per_decode_step_median": statistics.median(x["ms_per_decode_step"] for x in results),
             "tokens_per_s_rounds": [x["tokens_per_s"] for x in results],
             "ms_per_decode_step_rounds": [x["ms_per_decode_step"] for x in results],
+            "peak_rss_mib_rounds": [x["peak_rss_mib"] for x in results],
         }
         if name in profiles:
             report[name]["profile"] = profiles[name]

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 import torch
 from real_shapes import SHAPES, write_random_model
+from weight_sync import Memcpy
 
 from tx.inference.engines.embedded import EmbeddedEngineConfig
 from tx.inference.engines.kinds import EMBEDDED
@@ -197,17 +198,12 @@ class Pusher:
 
 
 def device_copy_s(nbytes: int, device: str, repeats: int = 5) -> float:
-    """The best time to copy `nbytes` into a warm buffer on `device`: the same-run ceiling of a push."""
-    source = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
-    target = torch.empty_like(source)
-    best = float("inf")
+    """The best time to copy `nbytes` into a warm buffer on `device` (weight_sync.py's baseline): the same-run
+    ceiling of a push."""
+    memcpy = Memcpy(nbytes, torch.device(device))
     for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        target.copy_(source)
-        sync(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+        memcpy.run()
+    return min(memcpy.times)
 
 
 def timed_pushes(pusher: Pusher, named, adapter: str | None, spec: dict | None, repeats: int) -> dict:

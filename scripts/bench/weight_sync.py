@@ -130,7 +130,7 @@ def _tensor_mb(args: argparse.Namespace, mb: int) -> float:
     return args.tensor_mb or (0.25 if mb <= 32 else 16.0)
 
 
-class _Memcpy:
+class Memcpy:
     """The baseline: the same bytes copied into a preallocated, warmed buffer on the sender's device."""
 
     def __init__(self, nbytes: int, device: torch.device) -> None:
@@ -187,7 +187,7 @@ def _bench_broadcast(backend: str, args: argparse.Namespace, send_dev: str, recv
     for mb in args.mb:
         named = _make_weights(mb, _tensor_mb(args, mb), torch.device(send_dev))
         update = plan_update(named, args.bucket_mb << 20)
-        memcpy = _Memcpy(mb << 20, torch.device(send_dev))
+        memcpy = Memcpy(mb << 20, torch.device(send_dev))
         times: dict[str, list[float]] = {mode: [] for mode in args.modes}
         sockets: dict[int, list[float]] = {n: [] for n in SOCKET_STREAMS}
         for _ in range(args.iters + 1):  # the first run warms up
@@ -238,7 +238,7 @@ def _bench_ipc(args: argparse.Namespace) -> dict:
     results = {}
     for mb in args.mb:
         named = _make_weights(mb, _tensor_mb(args, mb), device)
-        memcpy = _Memcpy(mb << 20, device)
+        memcpy = Memcpy(mb << 20, device)
         times = []
         for _ in range(args.iters + 1):
             memcpy.run()
@@ -258,7 +258,7 @@ def _gbps(mb: int, times: list[float]) -> float:
     return round((mb << 20) / statistics.median(times[1:]) / 1e9, 3)
 
 
-def _result(mb: int, times: list[float], memcpy: _Memcpy) -> dict:
+def _result(mb: int, times: list[float], memcpy: Memcpy) -> dict:
     ratios = [m / t for m, t in zip(memcpy.times[1:], times[1:])]
     return {
         "seconds": round(statistics.median(times[1:]), 4),
